@@ -1,0 +1,65 @@
+// MXFP8 (OCP MX, E4M3 elements, one E8M0 scale per 32 elements) arithmetic on packed bf16 words.
+//
+// Bit-exact contract with mok/mxfp8.py (the reference):
+//   scale exponent e = smallest integer with amax <= 448 * 2^e, clamped to [-127, 127];
+//   scale byte = e + 127, and an all-zero block gets byte 0 (the clamp already yields 0);
+//   element = round-to-nearest-even(x * 2^-e) as E4M3, saturated to +-448.
+// Everything is derived from the bits, never from log2/ceil, so no libm rounding can move a scale.
+#pragma once
+
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "common/mxfp8_format.hpp"
+
+namespace mok::mxfp8 {
+
+constexpr uint32_t kAbsMask2 = 0x7fff7fffu;           // clears the sign of both bf16 halves
+
+// Byte offset of (local row r, k-block kb) inside one tile's swizzled [32, 16] scale block.
+__device__ __forceinline__ int swizzled_scale_offset(int r, int kb) {
+  return (r % 32) * 16 + (r / 32) * 4 + kb;
+}
+
+// Elementwise max of the |bf16| bit patterns of two packed words. Comparing magnitudes as
+// unsigned integers orders finite values, then Inf, then NaN, so a NaN propagates like amax does.
+__device__ __forceinline__ uint32_t abs_max2(uint32_t acc, uint32_t word) {
+  return __vmaxu2(acc, word & kAbsMask2);
+}
+
+// Scale exponent for a block whose largest |x| has bf16 bits `amax_bits` (sign already clear).
+// With amax = m * 2^E, 1 <= m < 2 and 448 = 1.75 * 2^8: e = E - 8 if m <= 1.75 else E - 7.
+__device__ __forceinline__ int scale_exponent(uint32_t amax_bits) {
+  const uint32_t biased = (amax_bits >> 7) & 0xffu;
+  const uint32_t mantissa = amax_bits & 0x7fu;
+  if (biased == 0xffu) {
+    return kMaxExponent;  // Inf and NaN: the reference's ceil(log2(inf)) clamps to 127
+  }
+  // bf16 subnormals and zero give E <= -127, which clamps to -127 below (byte 0).
+  const int exponent = static_cast<int>(biased) - 127 - 8 + (mantissa > 0x60u ? 1 : 0);
+  return max(-kMaxExponent, min(kMaxExponent, exponent));
+}
+
+// 2^-e as an fp32; e = 127 needs the fp32 subnormal 2^-127.
+__device__ __forceinline__ float inverse_scale(int e) {
+  const int biased = 127 - e;  // in [0, 254]
+  return biased > 0 ? __uint_as_float(static_cast<uint32_t>(biased) << 23)
+                    : __uint_as_float(0x00400000u);
+}
+
+__device__ __forceinline__ float bf16_lo(uint32_t word) { return __uint_as_float(word << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t word) { return __uint_as_float(word & 0xffff0000u); }
+
+// Two fp32 values to two E4M3 bytes (first value in the low byte), RNE, saturating to +-448.
+__device__ __forceinline__ uint32_t to_e4m3x2(float first, float second) {
+  return static_cast<uint32_t>(
+      __nv_cvt_float2_to_fp8x2(make_float2(first, second), __NV_SATFINITE, __NV_E4M3));
+}
+
+// Four fp32 values to four E4M3 bytes packed little-endian in one word.
+__device__ __forceinline__ uint32_t to_e4m3x4(float a, float b, float c, float d) {
+  return to_e4m3x2(a, b) | (to_e4m3x2(c, d) << 16);
+}
+
+}  // namespace mok::mxfp8

@@ -1,0 +1,30 @@
+// Host entry point of the MXFP8 quantize kernel (defined in mxfp8.cu).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "common/mxfp8_format.hpp"
+
+namespace mok::mxfp8 {
+
+// Raw device pointers of one quantize call. x is bf16 [experts, rows, cols] (contiguous).
+// Normal outputs: out fp8 [experts, rows, cols], scale uint8 [experts*rows/128, cols/128, 32, 16].
+// Transposed outputs: out_t fp8 [experts, cols, rows], scale_t [experts*cols/128, rows/128, 32, 16].
+// A null out/scale pair skips that layout.
+struct QuantizeArgs {
+  const void* x = nullptr;
+  void* out = nullptr;
+  void* scale = nullptr;
+  void* out_t = nullptr;
+  void* scale_t = nullptr;
+  int64_t experts = 0;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+// Enqueues the kernel on `stream`; returns the launch status (never synchronises).
+cudaError_t launch_quantize(const QuantizeArgs& args, cudaStream_t stream);
+
+}  // namespace mok::mxfp8

@@ -1,0 +1,86 @@
+"""One validator per kind of argument; every public entry point calls these.
+
+Messages follow one pattern: "`x` must be bf16 [T, H] = [512, 7168], got float32 [512, 7000]".
+Dtype problems raise TypeError, shape/alignment/value problems ValueError (API.md, Errors).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+_DTYPE_NAMES = {
+    torch.bfloat16: "bf16",
+    torch.float16: "fp16",
+    torch.float32: "float32",
+    torch.float64: "float64",
+    torch.int32: "int32",
+    torch.int64: "int64",
+    torch.uint8: "uint8",
+    torch.float8_e4m3fn: "float8_e4m3fn",
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return _DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
+
+
+def describe(value: object) -> str:
+    """A short description of what the caller passed, for error messages."""
+    if isinstance(value, torch.Tensor):
+        return f"{dtype_name(value.dtype)} {list(value.shape)} on {value.device}"
+    return type(value).__name__
+
+
+def _shape_text(dims: Sequence[str] | None, shape: Sequence[int | None]) -> str:
+    sizes = ", ".join("*" if s is None else str(s) for s in shape)
+    if dims is None:
+        return f"[{sizes}]"
+    return f"[{', '.join(dims)}] = [{sizes}]"
+
+
+def check_tensor(
+    name: str,
+    value: object,
+    *,
+    dtype: torch.dtype,
+    shape: Sequence[int | None],
+    dims: Sequence[str] | None = None,
+    device: torch.device | None = None,
+    contiguous: bool = True,
+) -> torch.Tensor:
+    """Check one tensor argument: type, dtype, shape (None = any size), device, contiguity."""
+    expected = f"{dtype_name(dtype)} {_shape_text(dims, shape)}"
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"`{name}` must be a tensor ({expected}), got {describe(value)}")
+    if value.dtype != dtype:
+        raise TypeError(f"`{name}` must be {expected}, got {describe(value)}")
+    matches = value.dim() == len(shape) and all(
+        want is None or got == want for got, want in zip(value.shape, shape, strict=True)
+    )
+    if not matches:
+        raise ValueError(f"`{name}` must be {expected}, got {describe(value)}")
+    if device is not None and value.device != torch.device(device):
+        raise ValueError(f"`{name}` must be on {device}, got {describe(value)}")
+    if contiguous and not value.is_contiguous():
+        raise ValueError(f"`{name}` must be contiguous, got strides {list(value.stride())}")
+    return value
+
+
+def check_multiple(name: str, value: int, multiple: int, *, minimum: int = 1) -> int:
+    """Check that an integer is >= minimum and a multiple of `multiple`."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"`{name}` must be an int, got {describe(value)}")
+    if value < minimum or value % multiple != 0:
+        raise ValueError(f"`{name}` must be a multiple of {multiple} and >= {minimum}, got {value}")
+    return value
+
+
+def check_range(name: str, value: int, low: int, high: int) -> int:
+    """Check that an integer lies in [low, high]."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"`{name}` must be an int, got {describe(value)}")
+    if not low <= value <= high:
+        raise ValueError(f"`{name}` must be in [{low}, {high}], got {value}")
+    return value

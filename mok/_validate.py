@@ -1,0 +1,130 @@
+"""Validators for the arguments of the passes, one per kind of argument (see API.md).
+
+Both `mok.functional` and the `mok.ops` custom ops call these, so a check lives in one place.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from mok._checks import check_tensor, describe
+
+BF16, FP8, U8 = torch.bfloat16, torch.float8_e4m3fn, torch.uint8
+
+
+def check_limit(swiglu_limit: float | None) -> None:
+    if swiglu_limit is None:
+        return
+    if isinstance(swiglu_limit, bool) or not isinstance(swiglu_limit, int | float):
+        raise TypeError(f"`swiglu_limit` must be None or a float, got {describe(swiglu_limit)}")
+    if not (math.isfinite(swiglu_limit) and swiglu_limit >= 0):
+        raise ValueError(f"`swiglu_limit` must be finite and >= 0, got {swiglu_limit}")
+
+
+def check_schedule(peer_rank, peer_token_idx, num_tokens, tokens_per_expert, device):
+    """Returns (capacity C, local experts E)."""
+    i32 = torch.int32
+    peer_rank = check_tensor("schedule_peer_rank", peer_rank, dtype=i32, shape=(None,),
+                             dims=("C",), device=device)
+    capacity = peer_rank.shape[0]
+    if capacity % 256:
+        raise ValueError(f"`schedule_peer_rank` length must be a multiple of 256, got {capacity}")
+    check_tensor("schedule_peer_token_idx", peer_token_idx, dtype=i32, shape=(capacity,),
+                 dims=("C",), device=device)
+    check_tensor("num_tokens", num_tokens, dtype=i32, shape=(1,), device=device)
+    check_tensor("tokens_per_expert", tokens_per_expert, dtype=i32, shape=(None,), dims=("E",),
+                 device=device)
+    return capacity, tokens_per_expert.shape[0]
+
+
+def _shapes(num_experts, inter, hidden):
+    return {
+        "gate": ((num_experts, inter, hidden), ("E", "I", "H")),
+        "up": ((num_experts, inter, hidden), ("E", "I", "H")),
+        "down": ((num_experts, hidden, inter), ("E", "H", "I")),
+    }
+
+
+def check_shared(shared, hidden: int, inter: int | None, device) -> int | None:
+    """shared = (gate, up, down) bf16 or all None. Returns I (or the given I when absent)."""
+    if all(w is None for w in shared):
+        return inter
+    if any(w is None for w in shared):
+        raise ValueError("shared expert weights must be all None or all tensors")
+    gate = check_tensor("shared_gate_weights", shared[0], dtype=BF16, shape=(None, hidden),
+                        dims=("I", "H"), device=device)
+    inter = gate.shape[0] if inter is None else inter
+    check_tensor("shared_gate_weights", gate, dtype=BF16, shape=(inter, hidden), dims=("I", "H"))
+    check_tensor("shared_up_weights", shared[1], dtype=BF16, shape=(inter, hidden),
+                 dims=("I", "H"), device=device)
+    check_tensor("shared_down_weights", shared[2], dtype=BF16, shape=(hidden, inter),
+                 dims=("H", "I"), device=device)
+    return inter
+
+
+def check_routed_bf16(routed, hidden: int, device) -> tuple[int, int]:
+    """routed = (gate, up, down) bf16. Returns (E, I)."""
+    gate = check_tensor("routed_gate_weights", routed[0], dtype=BF16, shape=(None, None, hidden),
+                        dims=("E", "I", "H"), device=device)
+    num_experts, inter = gate.shape[0], gate.shape[1]
+    _check_inter(inter)
+    for (name, (shape, dims)), weight in zip(_shapes(num_experts, inter, hidden).items(), routed,
+                                             strict=True):
+        check_tensor(f"routed_{name}_weights", weight, dtype=BF16, shape=shape, dims=dims,
+                     device=device)
+    return num_experts, inter
+
+
+def _check_inter(inter: int) -> None:
+    if inter < 128 or inter % 128:
+        raise ValueError(f"intermediate size I must be a positive multiple of 128, got {inter}")
+
+
+def scale_shape(shape: tuple[int, int, int]) -> tuple[int, int, int, int]:
+    """Swizzled MXFP8 scale shape for data [E, R, C] quantized along C."""
+    num, rows, cols = shape
+    return (num * rows // 128, cols // 128, 32, 16)
+
+
+def check_mx_pair(name: str, pair, shape, dims, device) -> None:
+    """An (fp8 data, swizzled uint8 scales) pair from ops.mxfp8_quantize."""
+    if not isinstance(pair, tuple | list) or len(pair) != 2:
+        raise TypeError(f"`{name}` must be a (fp8, scale) tuple, got {describe(pair)}")
+    check_tensor(f"{name}[0]", pair[0], dtype=FP8, shape=shape, dims=dims, device=device)
+    check_tensor(f"{name}[1]", pair[1], dtype=U8, shape=scale_shape(shape), device=device)
+
+
+def check_routed_mxfp8(routed, hidden: int, device, *, backward: bool) -> tuple[int, int]:
+    """Forward: three (fp8, scale) pairs. Backward: gate/up (fp8, sc, fp8_t, sc_t), down
+    (fp8_t, sc_t). Returns (E, I)."""
+    width = (4, 4, 2) if backward else (2, 2, 2)
+    for name, form, size in zip(("gate", "up", "down"), routed, width, strict=True):
+        if not isinstance(form, tuple | list) or len(form) != size:
+            raise TypeError(f"`routed_{name}_weights` must be a {size}-tuple in MXFP8 mode, "
+                            f"got {describe(form)}")
+    first = routed[0][0]
+    if not isinstance(first, torch.Tensor) or first.dim() != 3:
+        raise ValueError(f"`routed_gate_weights[0]` must be fp8 [E, I, H], got {describe(first)}")
+    num_experts, inter = first.shape[0], first.shape[1]
+    _check_inter(inter)
+    shapes = _shapes(num_experts, inter, hidden)
+    for name in ("gate", "up"):
+        shape, dims = shapes[name]
+        check_mx_pair(f"routed_{name}_weights", routed[("gate", "up").index(name)][:2], shape,
+                      dims, device)
+        if backward:
+            t_shape = (num_experts, hidden, inter)
+            check_mx_pair(f"routed_{name}_weights[2:]", routed[("gate", "up").index(name)][2:],
+                          t_shape, ("E", "H", "I"), device)
+    down_shape, down_dims = shapes["down"]
+    if backward:
+        down_shape, down_dims = (num_experts, inter, hidden), ("E", "I", "H")
+    check_mx_pair("routed_down_weights", routed[2], down_shape, down_dims, device)
+    return num_experts, inter
+
+
+def is_mxfp8(routed_gate_weights) -> bool:
+    """The weight form decides the mode: tuples are MXFP8, tensors BF16."""
+    return isinstance(routed_gate_weights, tuple | list)

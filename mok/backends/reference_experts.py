@@ -1,0 +1,170 @@
+"""Reference expert math on routed rows: grouped SwiGLU MLP forward and backward, BF16 and MXFP8.
+
+Rows are grouped by local expert in 256-row padded segments (`row_expert[i]` is the local expert
+of row i, -1 past `num_tokens`); padding rows are zero, so they contribute exact zeros everywhere.
+Every product accumulates in fp32 and is rounded to bf16 exactly where a kernel stores a tensor:
+
+| stored tensor       | BF16 mode                              | MXFP8 mode (q(v) = dequant(quant(v)))     |
+|---------------------|----------------------------------------|-------------------------------------------|
+| gate, up            | bf16(x @ W^T)                          | bf16(q_H(x) @ q_H(W)^T), saved as MXFP8   |
+| hidden              | bf16(silu(clamp g) * clamp u)          | same, saved transposed as MXFP8           |
+| y (expert output)   | bf16(hidden @ W_d^T)                   | bf16(q_I(hidden) @ q_I(W_d)^T)            |
+| d_h (unscaled)      | d_out @ W_d                            | q_H(d_out) @ q_H(W_d^T)^T                 |
+| d_router_weight     | sum_I d_h * hidden                     | sum_I d_h * q(hidden)                     |
+| d_gate, d_up        | bf16(SwiGLU' of rw * d_h)              | same, from the saved MXFP8 gate and up    |
+| d_x                 | bf16(d_gate @ W_g + d_up @ W_u)        | bf16(q_I(d_gate) @ q_I(W_g) + ...)        |
+| d_W_gate, d_W_up    | bf16(d_gate^T x)                       | bf16(q_T(d_gate)^T q_T(x)), blocks of rows|
+| d_W_down            | bf16(bf16(rw * d_out)^T hidden)        | bf16(q_T(d_y)^T q_T(hidden))              |
+
+q_H / q_I quantize along the hidden / intermediate dim (the GEMM's reduction dim), q_T along
+rows (tokens), the reduction dim of the weight gradients. The shared expert is always BF16.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from mok import mxfp8
+
+
+def row_experts(tokens_per_expert: torch.Tensor, num_tokens: torch.Tensor, rows: int):
+    """Local expert of each schedule row (int64 [rows]); -1 past the padded total."""
+    ends = torch.cumsum(tokens_per_expert.to(torch.int64), 0)
+    index = torch.arange(rows, device=ends.device)
+    expert = torch.searchsorted(ends, index, right=True)
+    return torch.where(index < num_tokens.to(torch.int64), expert, -1)
+
+
+def grouped_linear(a: torch.Tensor, weight: torch.Tensor, row_expert: torch.Tensor):
+    """fp32 `a[i] @ weight[row_expert[i]]^T` for a [R, K], weight [E, N, K]; zero for row_expert -1."""
+    out = torch.zeros(a.shape[0], weight.shape[1], dtype=torch.float32, device=a.device)
+    for expert in range(weight.shape[0]):
+        rows = (row_expert == expert)[:, None]
+        out = torch.where(rows, a.float() @ weight[expert].float().T, out)
+    return out
+
+
+def grouped_weight_grad(d_out: torch.Tensor, a: torch.Tensor, row_expert, num_experts: int):
+    """fp32 `sum over rows of expert e: d_out[i]^T a[i]` -> [E, N, K], in fixed row order."""
+    grads = []
+    for expert in range(num_experts):
+        rows = (row_expert == expert)[:, None]
+        grads.append(torch.where(rows, d_out.float(), 0.0).T @ a.float())
+    return torch.stack(grads)
+
+
+def _clamped(gate: torch.Tensor, up: torch.Tensor, limit: float | None):
+    if limit is None:
+        return gate, up
+    return gate.clamp(max=limit), up.clamp(-limit, limit)
+
+
+def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float | None) -> torch.Tensor:
+    """fp32 silu(min(gate, L)) * clamp(up, -L, L)."""
+    g, u = _clamped(gate.float(), up.float(), limit)
+    return F.silu(g) * u
+
+
+def swiglu_backward(d_hidden, gate, up, limit: float | None):
+    """fp32 (d_gate, d_up); gradients are zero where the clamp was active."""
+    g, u = _clamped(gate.float(), up.float(), limit)
+    sig = torch.sigmoid(g)
+    d_gate = d_hidden * u * (sig * (1 + g * (1 - sig)))
+    d_up = d_hidden * g * sig
+    if limit is not None:
+        d_gate = torch.where(gate.float() <= limit, d_gate, 0.0)
+        d_up = torch.where(up.float().abs() <= limit, d_up, 0.0)
+    return d_gate, d_up
+
+
+def mx_round(t: torch.Tensor) -> torch.Tensor:
+    """The values an MXFP8 GEMM sees for `t` quantized along its last dim (fp32)."""
+    data, scales, _, _ = mxfp8.quantize(t.to(torch.bfloat16), True, False)
+    return mxfp8.dequantize(data, scales)
+
+
+def mx_round_rows(t: torch.Tensor) -> torch.Tensor:
+    """The values for `t` [R, C] quantized in blocks of 32 rows (the wgrad operands), fp32."""
+    _, _, data_t, scales_t = mxfp8.quantize(t.to(torch.bfloat16), False, True)
+    return mxfp8.dequantize(data_t, scales_t).T
+
+
+def _dequant(pair) -> torch.Tensor:
+    data, scales = pair
+    return mxfp8.dequantize(data, scales)
+
+
+def forward_bf16(x_rows, w_gate, w_up, w_down, row_expert, limit):
+    """(gate, up, hidden, y), all bf16 [R, I] / [R, H]."""
+    gate = grouped_linear(x_rows, w_gate, row_expert).to(torch.bfloat16)
+    up = grouped_linear(x_rows, w_up, row_expert).to(torch.bfloat16)
+    hidden = swiglu(gate, up, limit).to(torch.bfloat16)
+    y = grouped_linear(hidden, w_down, row_expert).to(torch.bfloat16)
+    return gate, up, hidden, y
+
+
+def forward_mxfp8(x_rows, w_gate, w_up, w_down, row_expert, limit):
+    """MXFP8 forward; weights are (fp8, scale) pairs. Returns the saved MXFP8 tensors and y.
+
+    Output: (x_t, gate_q, up_q, hidden_t, y) where x_t/hidden_t are transposed (fp8, scale)
+    pairs (blocks along rows, for the weight gradients) and gate_q/up_q normal pairs.
+    """
+    xq = mx_round(x_rows)
+    gate = grouped_linear(xq, _dequant(w_gate), row_expert).to(torch.bfloat16)
+    up = grouped_linear(xq, _dequant(w_up), row_expert).to(torch.bfloat16)
+    hidden = swiglu(gate, up, limit).to(torch.bfloat16)
+    y = grouped_linear(mx_round(hidden), _dequant(w_down), row_expert).to(torch.bfloat16)
+    x_t = mxfp8.quantize(x_rows, False, True)[2:]
+    gate_q = mxfp8.quantize(gate, True, False)[:2]
+    up_q = mxfp8.quantize(up, True, False)[:2]
+    hidden_t = mxfp8.quantize(hidden, False, True)[2:]
+    return x_t, gate_q, up_q, hidden_t, y
+
+
+def backward_bf16(d_out_rows, rw_rows, x_rows, gate, up, hidden, weights, row_expert, limit):
+    """Backward of one expert group. weights = (W_gate, W_up, W_down) bf16.
+
+    Returns (d_x, d_router_weight, d_gate, d_up, d_hidden, d_W_gate, d_W_up, d_W_down).
+    """
+    w_gate, w_up, w_down = weights
+    d_h = grouped_linear(d_out_rows, w_down.transpose(1, 2), row_expert)
+    return _backward_tail(d_h, d_out_rows, rw_rows, x_rows, gate, up, hidden, weights, row_expert, limit, False)
+
+
+def backward_mxfp8(d_out_rows, rw_rows, ctx, weights, row_expert, limit):
+    """MXFP8 backward. ctx = (x_t, gate_q, up_q, hidden_t) as saved by forward_mxfp8;
+    weights = ((W_g fp8, sc, fp8_t, sc_t), (W_u ...), (W_d fp8_t, sc_t)).
+    """
+    x_t, gate_q, up_q, hidden_t = ctx
+    (_, _, g_t, g_t_sc), (_, _, u_t, u_t_sc), down_t = weights
+    d_h = grouped_linear(mx_round(d_out_rows), _dequant(down_t), row_expert)
+    x_rows = _dequant(x_t).T
+    hidden = _dequant(hidden_t).T
+    dense = (_dequant((g_t, g_t_sc)).transpose(1, 2), _dequant((u_t, u_t_sc)).transpose(1, 2), None)
+    return _backward_tail(
+        d_h, d_out_rows, rw_rows, x_rows, _dequant(gate_q), _dequant(up_q), hidden, dense,
+        row_expert, limit, True,
+    )
+
+
+def _backward_tail(d_h, d_out, rw, x, gate, up, hidden, weights, row_expert, limit, mx):
+    """Shared part of both backward modes, from the unscaled d_h = d_out @ W_down."""
+    w_gate, w_up, _ = weights
+    num_experts = w_gate.shape[0]
+    d_router_weight = (d_h * hidden.float()).sum(-1)
+    d_gate, d_up = swiglu_backward(rw[:, None] * d_h, gate, up, limit)
+    d_gate, d_up = d_gate.to(torch.bfloat16), d_up.to(torch.bfloat16)
+    dgrad_in = (mx_round(d_gate), mx_round(d_up)) if mx else (d_gate, d_up)
+    d_x = grouped_linear(dgrad_in[0], w_gate.transpose(1, 2), row_expert)
+    d_x = (d_x + grouped_linear(dgrad_in[1], w_up.transpose(1, 2), row_expert)).to(torch.bfloat16)
+    d_y = (rw[:, None] * d_out.float()).to(torch.bfloat16)
+    wgrad_in = (mx_round_rows(d_gate), mx_round_rows(d_up), mx_round_rows(d_y)) if mx else (
+        d_gate, d_up, d_y
+    )
+    d_w_gate = grouped_weight_grad(wgrad_in[0], x, row_expert, num_experts)
+    d_w_up = grouped_weight_grad(wgrad_in[1], x, row_expert, num_experts)
+    d_w_down = grouped_weight_grad(wgrad_in[2], hidden, row_expert, num_experts)
+    d_hidden = (rw[:, None] * d_h).to(torch.bfloat16)
+    bf16 = [t.to(torch.bfloat16) for t in (d_w_gate, d_w_up, d_w_down)]
+    return (d_x, d_router_weight, d_gate, d_up, d_hidden, *bf16)

@@ -1,0 +1,67 @@
+"""MoKConfig: the tuning knobs of the forward and backward passes, validated on construction."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from mok._checks import check_multiple
+
+
+@dataclass(frozen=True, slots=True)
+class MoKConfig:
+    """Tuning knobs; field order and defaults are those of the original package.
+
+    | field                              | meaning                                              |
+    |------------------------------------|------------------------------------------------------|
+    | fwd_num_comm_sms                   | SMs given to dispatch/combine in the forward (even)  |
+    | bwd_num_comm_sms                   | SMs given to communication in the backward (even)    |
+    | minibatch_size                     | routed rows per arrival counter (multiple of 256)    |
+    | macrobatch_size                    | routed rows in the ring buffer (multiple of minibatch)|
+    | schedule_capacity_multiplier       | schedule rows = multiplier * EP * T * k, rounded up  |
+    | all_gather_top_experts_chunk_bytes | chunk of the routing all-gather (multiple of 16)     |
+    """
+
+    fwd_num_comm_sms: int = 40
+    bwd_num_comm_sms: int = 28
+    minibatch_size: int = 4096
+    macrobatch_size: int = 131072
+    schedule_capacity_multiplier: float = 0.5
+    all_gather_top_experts_chunk_bytes: int = 2048
+
+    def __post_init__(self) -> None:
+        check_multiple("fwd_num_comm_sms", self.fwd_num_comm_sms, 2)
+        check_multiple("bwd_num_comm_sms", self.bwd_num_comm_sms, 2)
+        check_multiple("minibatch_size", self.minibatch_size, 256)
+        check_multiple("macrobatch_size", self.macrobatch_size, self.minibatch_size)
+        multiplier = self.schedule_capacity_multiplier
+        if isinstance(multiplier, bool) or not isinstance(multiplier, int | float):
+            raise TypeError(
+                f"`schedule_capacity_multiplier` must be a float, got {type(multiplier).__name__}"
+            )
+        if not (math.isfinite(multiplier) and multiplier > 0):
+            raise ValueError(
+                f"`schedule_capacity_multiplier` must be positive and finite, got {multiplier}"
+            )
+        check_multiple(
+            "all_gather_top_experts_chunk_bytes", self.all_gather_top_experts_chunk_bytes, 16
+        )
+
+    def check_device(self, num_sms: int) -> None:
+        """Comm SM counts must leave compute SMs on a device with `num_sms` multiprocessors."""
+        for name in ("fwd_num_comm_sms", "bwd_num_comm_sms"):
+            value = getattr(self, name)
+            if value >= num_sms:
+                raise ValueError(
+                    f"`{name}` must be below the device's SM count ({num_sms}), got {value}"
+                )
+
+    def schedule_capacity(self, ep_size: int, num_local_tokens: int, topk: int) -> int:
+        """Rows of the per-rank schedule: multiplier * EP * T * k, at least T * k, rounded to 256.
+
+        A rank that receives more routed rows (padding included) than this records a
+        capacity-overflow error in the status word; the extra routes contribute zero.
+        """
+        routes = ep_size * num_local_tokens * topk
+        rows = max(math.ceil(self.schedule_capacity_multiplier * routes), num_local_tokens * topk)
+        return -(-rows // 256) * 256

@@ -1,0 +1,73 @@
+"""MoKSchedule and build_schedule: routing -> per-rank row schedule, on the device, no sync."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from mok import ops
+from mok import status as device_status
+from mok._checks import check_range, check_tensor, describe
+from mok.config import MoKConfig
+from mok.workspace import MoKWorkspace
+
+
+@dataclass(frozen=True, slots=True)
+class MoKSchedule:
+    """Which routed rows this rank computes, grouped by local expert.
+
+    | field             | dtype | shape | meaning                                              |
+    |-------------------|-------|-------|------------------------------------------------------|
+    | peer_rank         | int32 | [C]   | source rank of each row, -1 on padding rows          |
+    | peer_token_idx    | int32 | [C]   | `token * topk + slot` on the source rank, -1 on pad  |
+    | num_tokens        | int32 | [1]   | padded total rows (a multiple of 256), on the device |
+    | tokens_per_expert | int32 | [E]   | padded rows of each local expert                     |
+    """
+
+    peer_rank: torch.Tensor
+    peer_token_idx: torch.Tensor
+    num_tokens: torch.Tensor
+    tokens_per_expert: torch.Tensor
+
+    def as_tuple(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        return (self.peer_rank, self.peer_token_idx, self.num_tokens, self.tokens_per_expert)
+
+
+def build_schedule(
+    workspace: MoKWorkspace,
+    config: MoKConfig,
+    top_experts: torch.Tensor,
+    *,
+    num_local_experts: int,
+) -> MoKSchedule:
+    """All-gather the routing and build this rank's schedule on the device (no host sync).
+
+    `top_experts` is int64 [T, k] of global expert ids; expert e lives on rank
+    e // num_local_experts. An id outside [0, EP * E) is recorded in the status word
+    (see `check_status`) and the route contributes exactly zero.
+    """
+    if not isinstance(workspace, MoKWorkspace):
+        raise TypeError(f"`workspace` must be a MoKWorkspace, got {describe(workspace)}")
+    if not isinstance(config, MoKConfig):
+        raise TypeError(f"`config` must be a MoKConfig, got {describe(config)}")
+    ws = workspace
+    check_tensor("top_experts", top_experts, dtype=torch.int64,
+                 shape=(ws.num_local_tokens, ws.topk), dims=("T", "k"), device=ws.device)
+    check_range("num_local_experts", num_local_experts, 1, (2**31 - 1) // ws.ep_size)
+    num_experts = ws.ep_size * num_local_experts
+    valid = (top_experts >= 0) & (top_experts < num_experts)
+    device_status.record(ws.status, device_status.INVALID_EXPERT_ID, ~valid)
+    routing = torch.where(valid, top_experts, -1).to(torch.int32)
+    ops.all_gather_top_experts(
+        routing, ws.all_gather_top_experts_buffer, 0, ws.ep_rank,
+        config.all_gather_top_experts_chunk_bytes, ws.group_name,
+    )
+    result = ops.schedule(
+        ws.all_gather_top_experts_buffer, num_local_experts,
+        ws.schedule_rows(num_local_experts), ws.ep_rank,
+        ws.status,
+    )
+    if device_status.debug_enabled():
+        device_status.check(ws.status)
+    return MoKSchedule(*result)

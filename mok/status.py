@@ -1,0 +1,58 @@
+"""The device status word: problems only the device can see, reported without a trap or a sync.
+
+Kernels and reference ops OR bits into `workspace.status` (int32 [1]); `check_status` reads it
+once (the only host sync) and raises a clear error naming every recorded problem, then clears it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+INVALID_EXPERT_ID = 1
+CAPACITY_OVERFLOW = 2
+
+_MESSAGES = {
+    INVALID_EXPERT_ID: (
+        "`top_experts` held an expert id outside [0, ep_size * num_local_experts); "
+        "those routes contributed exactly zero"
+    ),
+    CAPACITY_OVERFLOW: (
+        "a rank received more routed rows than the schedule capacity "
+        "(schedule_capacity_multiplier * EP * T * k); the extra routes contributed zero. "
+        "Raise MoKConfig.schedule_capacity_multiplier (1.0 can never overflow)"
+    ),
+}
+
+
+class MoKDeviceError(RuntimeError):
+    """Raised by `check_status` for problems recorded on the device."""
+
+
+def record(status: torch.Tensor, bit: int, condition: torch.Tensor) -> None:
+    """OR `bit` into `status` where the boolean tensor `condition` has any True (no sync)."""
+    status.bitwise_or_(condition.any().to(torch.int32) * bit)
+
+
+def raise_for(value: int) -> None:
+    """Raise MoKDeviceError listing the problems in a status value (no-op for 0)."""
+    if value == 0:
+        return
+    problems = [text for bit, text in _MESSAGES.items() if value & bit]
+    unknown = value & ~sum(_MESSAGES)
+    if unknown:
+        problems.append(f"unknown status bits {unknown:#x}")
+    raise MoKDeviceError("mok device status: " + "; ".join(problems))
+
+
+def check(status: torch.Tensor) -> None:
+    """Read the status word (one host sync), clear it, and raise for anything recorded."""
+    value = int(status.item())
+    status.zero_()
+    raise_for(value)
+
+
+def debug_enabled() -> bool:
+    """MOK_DEBUG=1 checks the status after every functional call (costs a sync per call)."""
+    return os.environ.get("MOK_DEBUG", "0") not in ("", "0")

@@ -1,0 +1,236 @@
+"""MoKWorkspace: the per-group buffers every pass reuses, and the workspace cache.
+
+On CUDA the cross-rank buffers come from PyTorch symmetric memory (peer pointers in
+`<name>_ptrs`, no multicast). Elsewhere (the reference backend on CPU) they are ordinary
+tensors and the pointer lists hold zeros; the reference moves data with torch.distributed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from mok._checks import check_multiple, check_range, describe
+from mok.config import MoKConfig
+
+MAX_EP_SIZE = 72
+MAX_TOPK = 255
+
+# name -> (dtype, shape as a function of (EP, T, H, k)); all are symmetric across the group.
+_SYMMETRIC_BUFFERS = {
+    "x_buffer": (torch.bfloat16, lambda ep, t, h, k: (t, h)),
+    "combine_buffer": (torch.bfloat16, lambda ep, t, h, k: (t * k, h)),
+    "d_y_buffer": (torch.bfloat16, lambda ep, t, h, k: (t, h)),
+    "d_x_routed_buffer": (torch.bfloat16, lambda ep, t, h, k: (t * k, h)),
+    "router_weight_buffer": (torch.float32, lambda ep, t, h, k: (t, k)),
+    "d_router_weight_buffer": (torch.float32, lambda ep, t, h, k: (t, k)),
+    "all_gather_top_experts_buffer": (torch.int32, lambda ep, t, h, k: (ep, t, k)),
+    "barrier_buffer": (torch.int32, lambda ep, t, h, k: (ep,)),
+}
+
+
+@dataclass(slots=True)
+class MoKWorkspace:
+    """Buffers shared by all MoE layers of a model on one EP group (see API.md)."""
+
+    group_name: str
+    ep_rank: int
+    ep_size: int
+    device: torch.device
+    num_local_tokens: int
+    hidden_size: int
+    topk: int
+    schedule_capacity: int
+    x_buffer: torch.Tensor
+    x_buffer_handle: object
+    x_buffer_ptrs: list[int]
+    combine_buffer: torch.Tensor
+    combine_buffer_handle: object
+    combine_buffer_ptrs: list[int]
+    d_y_buffer: torch.Tensor
+    d_y_buffer_handle: object
+    d_y_buffer_ptrs: list[int]
+    d_x_routed_buffer: torch.Tensor
+    d_x_routed_buffer_handle: object
+    d_x_routed_buffer_ptrs: list[int]
+    router_weight_buffer: torch.Tensor
+    router_weight_buffer_handle: object
+    router_weight_buffer_ptrs: list[int]
+    d_router_weight_buffer: torch.Tensor
+    d_router_weight_buffer_handle: object
+    d_router_weight_buffer_ptrs: list[int]
+    all_gather_top_experts_buffer: torch.Tensor
+    all_gather_top_experts_buffer_handle: object
+    all_gather_top_experts_buffer_ptrs: list[int]
+    barrier_buffer: torch.Tensor
+    barrier_buffer_handle: object
+    barrier_buffer_ptrs: list[int]
+    # Epoch counter of the flag barrier: flags are compared against it, so no buffer is cleared.
+    barrier_target: torch.Tensor
+    # mok: device status word (see mok.status); check_status raises what it records.
+    status: torch.Tensor
+    # The original's multicast fields; mok never uses multicast.
+    all_gather_top_experts_buffer_multicast_ptr: None = None
+    barrier_buffer_multicast_ptr: None = None
+    capacity_multiplier: float = field(default=0.5)
+
+    def schedule_rows(self, num_local_experts: int) -> int:
+        """Rows of a schedule: the routed-row capacity plus 256 per local expert, so the
+        256-row padding of the expert segments can never overflow (only real routes can, when
+        schedule_capacity_multiplier < 1 and routing is skewed)."""
+        return self.schedule_capacity + 256 * num_local_experts
+
+
+def _require_initialized() -> None:
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError(
+            "torch.distributed is not initialised: call torch.distributed.init_process_group "
+            "(gloo for CPU tensors, nccl for CUDA) before creating a mok workspace"
+        )
+
+
+def validate_workspace_args(
+    config: MoKConfig,
+    group: dist.ProcessGroup | None,
+    *,
+    device: torch.device | str,
+    num_local_tokens: int,
+    hidden_size: int,
+    topk: int,
+) -> tuple[dist.ProcessGroup, torch.device]:
+    """Check the arguments of create_workspace/get_workspace; return the group and device."""
+    if not isinstance(config, MoKConfig):
+        raise TypeError(f"`config` must be a MoKConfig, got {describe(config)}")
+    _require_initialized()
+    group = dist.group.WORLD if group is None else group
+    if not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"`group` must be a torch.distributed ProcessGroup, got {describe(group)}")
+    check_range("ep_size (the group's size)", dist.get_world_size(group), 1, MAX_EP_SIZE)
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if device.type == "cuda":
+        config.check_device(torch.cuda.get_device_properties(device).multi_processor_count)
+    check_multiple("num_local_tokens", num_local_tokens, 1)
+    check_multiple("hidden_size", hidden_size, 128)
+    check_range("topk", topk, 1, MAX_TOPK)
+    return group, device
+
+
+def _allocate(name: str, shape: tuple[int, ...], dtype: torch.dtype, device, group, ep_size):
+    """Allocate one cross-rank buffer; symmetric memory with peer pointers on CUDA."""
+    if device.type != "cuda":
+        return torch.zeros(shape, dtype=dtype, device=device), None, [0] * ep_size
+    from torch.distributed import _symmetric_memory as symm_mem
+
+    buffer = symm_mem.empty(shape, dtype=dtype, device=device)
+    buffer.zero_()
+    handle = symm_mem.rendezvous(buffer, group)
+    return buffer, handle, [int(p) for p in handle.buffer_ptrs]
+
+
+def _check_same_sizes(group, device, sizes: tuple[int, int, int]) -> None:
+    """One collective at creation: every rank must pass the same T, H and k."""
+    mine = torch.tensor(sizes, dtype=torch.int64, device=device)
+    gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(gathered, mine, group=group)
+    for rank, theirs in enumerate(gathered):
+        if not torch.equal(theirs, mine):
+            raise ValueError(
+                "every rank must pass the same (num_local_tokens, hidden_size, topk): "
+                f"this rank has {sizes}, rank {rank} has {tuple(theirs.tolist())}"
+            )
+
+
+def create_workspace(
+    config: MoKConfig,
+    group: dist.ProcessGroup | None,
+    *,
+    device: torch.device | str,
+    num_local_tokens: int,
+    hidden_size: int,
+    topk: int,
+) -> MoKWorkspace:
+    """Create a new, uncached workspace owned by the caller. Collective over `group`."""
+    group, device = validate_workspace_args(
+        config,
+        group,
+        device=device,
+        num_local_tokens=num_local_tokens,
+        hidden_size=hidden_size,
+        topk=topk,
+    )
+    sizes = (num_local_tokens, hidden_size, topk)
+    _check_same_sizes(group, device, sizes)
+    ep_size = dist.get_world_size(group)
+    buffers: dict[str, object] = {}
+    for name, (dtype, shape_of) in _SYMMETRIC_BUFFERS.items():
+        shape = shape_of(ep_size, *sizes)
+        tensor, handle, ptrs = _allocate(name, shape, dtype, device, group, ep_size)
+        buffers.update({name: tensor, f"{name}_handle": handle, f"{name}_ptrs": ptrs})
+    return MoKWorkspace(
+        group_name=group.group_name,
+        ep_rank=dist.get_rank(group),
+        ep_size=ep_size,
+        device=device,
+        num_local_tokens=num_local_tokens,
+        hidden_size=hidden_size,
+        topk=topk,
+        schedule_capacity=config.schedule_capacity(ep_size, num_local_tokens, topk),
+        barrier_target=torch.zeros(1, dtype=torch.int32, device=device),
+        status=torch.zeros(1, dtype=torch.int32, device=device),
+        capacity_multiplier=config.schedule_capacity_multiplier,
+        **buffers,
+    )
+
+
+_CACHE: dict[tuple, tuple[MoKWorkspace, dist.ProcessGroup]] = {}
+
+
+def get_workspace(
+    config: MoKConfig,
+    group: dist.ProcessGroup | None,
+    *,
+    device: torch.device | str,
+    num_local_tokens: int,
+    hidden_size: int,
+    topk: int,
+) -> MoKWorkspace:
+    """Like create_workspace, but cached per (group, device, T, H, k, capacity multiplier)."""
+    group, device = validate_workspace_args(
+        config,
+        group,
+        device=device,
+        num_local_tokens=num_local_tokens,
+        hidden_size=hidden_size,
+        topk=topk,
+    )
+    key = (
+        group.group_name,
+        device.type,
+        device.index,
+        num_local_tokens,
+        hidden_size,
+        topk,
+        config.schedule_capacity_multiplier,
+    )
+    if key not in _CACHE:
+        workspace = create_workspace(
+            config,
+            group,
+            device=device,
+            num_local_tokens=num_local_tokens,
+            hidden_size=hidden_size,
+            topk=topk,
+        )
+        _CACHE[key] = (workspace, group)
+    return _CACHE[key][0]
+
+
+def clear_workspace_cache() -> None:
+    """Synchronise every cached workspace's group, then drop the cached workspaces."""
+    for _, group in list(_CACHE.values()):
+        dist.barrier(group=group)
+    _CACHE.clear()
