@@ -91,11 +91,11 @@ struct ColumnElement {
 
 // Normal layout for one 16-element row chunk: block amax over the 2 threads of a 32-block.
 __device__ __forceinline__ void quantize_row_chunk(const Params& p, const Tile& t, int row,
-                                                   int chunk, const uint32_t (&w)[kWordsPerChunk],
+                                                   int chunk, uint32_t (&w)[kWordsPerChunk],
                                                    uint8_t* s_scale) {
   uint32_t amax2 = 0;
 #pragma unroll
-  for (int i = 0; i < kWordsPerChunk; ++i) amax2 = abs_max2(amax2, w[i]);
+  for (int i = 0; i < kWordsPerChunk; ++i) w[i] = scan_pair(w[i], amax2);
   amax2 = __vmaxu2(amax2, __shfl_xor_sync(0xffffffffu, amax2, 1));
   const uint32_t amax = max(amax2 & 0xffffu, amax2 >> 16);
   const int e = scale_exponent(amax);
@@ -113,8 +113,7 @@ __device__ __forceinline__ void quantize_column_chunk(const Params& p, const Til
   uint32_t amax2 = 0;
 #pragma unroll
   for (int i = 0; i < kChunk; ++i) {
-    w[i] = s_tile[(c * kChunk + i) * kPitch + pair];
-    amax2 = abs_max2(amax2, w[i]);
+    w[i] = scan_pair(s_tile[(c * kChunk + i) * kPitch + pair], amax2);
   }
   amax2 = __vmaxu2(amax2, __shfl_xor_sync(0xffffffffu, amax2, 16));
   const int e_lo = scale_exponent(amax2 & 0xffffu);

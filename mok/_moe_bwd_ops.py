@@ -4,8 +4,8 @@ Outputs of both modes: d_x_shared, d_x_routed [C, H], d_gate_shared, d_gate_rout
 d_up_shared, d_up_routed, d_hidden_shared, d_hidden_routed (bf16 [C, I]), d_w_shared_gate,
 d_w_routed_gate, d_w_shared_up, d_w_routed_up, d_w_shared_down, d_w_routed_down (bf16).
 `d_x_routed_buffer` and `d_router_weight_buffer` of the source ranks receive the pushed
-per-route d_x rows and router-weight gradients; the shared outputs are None without a shared
-expert.
+per-route d_x rows and router-weight gradients; the shared outputs are 0-size tensors without
+a shared expert.
 """
 
 from __future__ import annotations
@@ -13,16 +13,15 @@ from __future__ import annotations
 import torch
 
 from mok import _validate
-from mok._moe_ops import OptTensor, Tensor, _common, _like, _shared, fused_op
+from mok._moe_ops import OptTensor, Tensor, _common, _shared, present
 from mok.backends import reference_moe
 
 _MUTATED = ("d_x_routed_buffer", "d_router_weight_buffer")
-_RETURNS = ["Tensor?", "Tensor"] * 4 + ["Tensor?", "Tensor"] * 3
-_OUT = tuple[OptTensor, Tensor, OptTensor, Tensor, OptTensor, Tensor, OptTensor, Tensor,
-             OptTensor, Tensor, OptTensor, Tensor, OptTensor, Tensor]
+_OUT = tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+             Tensor, Tensor, Tensor, Tensor]
 
 
-@fused_op("dispatch_mlp_swiglu_combine_bwd_bf16", _MUTATED, _RETURNS)
+@torch.library.custom_op("mok::dispatch_mlp_swiglu_combine_bwd_bf16", mutates_args=_MUTATED)
 def dispatch_mlp_swiglu_combine_bwd_bf16(
     d_y_buffer: Tensor, d_y_buffer_ptrs: list[int], d_x_routed_buffer: Tensor,
     d_x_routed_buffer_ptrs: list[int], router_weight_buffer: Tensor,
@@ -42,7 +41,7 @@ def dispatch_mlp_swiglu_combine_bwd_bf16(
     _common(x, schedule, topk, swiglu_limit)
     routed = (w_routed_gate, w_routed_up, w_routed_down)
     _validate.check_routed_bf16(routed, x.shape[1], x.device)
-    return reference_moe.backward(
+    return _backward(
         (d_y_buffer, router_weight_buffer), (d_x_routed_buffer, d_router_weight_buffer),
         _shared(w_shared_gate, w_shared_up, w_shared_down), routed,
         (x_routed, gate_routed, up_routed, hidden_routed), (gate_shared, up_shared, hidden_shared),
@@ -50,7 +49,7 @@ def dispatch_mlp_swiglu_combine_bwd_bf16(
     )
 
 
-@fused_op("dispatch_mlp_swiglu_combine_bwd_mxfp8", _MUTATED, _RETURNS)
+@torch.library.custom_op("mok::dispatch_mlp_swiglu_combine_bwd_mxfp8", mutates_args=_MUTATED)
 def dispatch_mlp_swiglu_combine_bwd_mxfp8(
     d_y_buffer: Tensor, d_y_buffer_ptrs: list[int], d_x_routed_buffer: Tensor,
     d_x_routed_buffer_ptrs: list[int], router_weight_buffer: Tensor,
@@ -79,7 +78,7 @@ def dispatch_mlp_swiglu_combine_bwd_mxfp8(
     _validate.check_routed_mxfp8(routed, x.shape[1], x.device, backward=True)
     saved = ((x_fp8_t_routed, x_sc_t_routed), (gate_fp8_routed, gate_sc_routed),
              (up_fp8_routed, up_sc_routed), (hidden_fp8_t_routed, hidden_sc_t_routed))
-    return reference_moe.backward(
+    return _backward(
         (d_y_buffer, router_weight_buffer), (d_x_routed_buffer, d_router_weight_buffer),
         _shared(w_shared_gate, w_shared_up, w_shared_down), routed, saved,
         (gate_shared, up_shared, hidden_shared), x, schedule, topk, swiglu_limit, group_name,
@@ -87,17 +86,24 @@ def dispatch_mlp_swiglu_combine_bwd_mxfp8(
     )
 
 
+def _backward(grads, buffers, shared, routed, saved, shared_saved, x, *rest):
+    if shared is None:
+        shared_saved = None
+    outputs = reference_moe.backward(grads, buffers, shared, routed, saved, shared_saved, x, *rest)
+    return present(outputs, x)
+
+
 def _fake_outputs(x, w_shared_gate, capacity, num_experts, inter):
     hidden = x.shape[1]
-    shared_i = x.new_empty((x.shape[0], inter)) if w_shared_gate is not None else None
-    shared_x = torch.empty_like(x) if w_shared_gate is not None else None
-    routed_i = x.new_empty((capacity, inter))
 
     def shared_w(*shape):
-        return None if w_shared_gate is None else x.new_empty(shape)
+        return x.new_empty((0,) if w_shared_gate is None else shape)
 
-    return (shared_x, x.new_empty((capacity, hidden)), shared_i, routed_i, _like(shared_i),
-            torch.empty_like(routed_i), _like(shared_i), torch.empty_like(routed_i),
+    shared_i = shared_w(x.shape[0], inter)
+    routed_i = x.new_empty((capacity, inter))
+    return (shared_w(*x.shape), x.new_empty((capacity, hidden)), shared_i, routed_i,
+            torch.empty_like(shared_i), torch.empty_like(routed_i), torch.empty_like(shared_i),
+            torch.empty_like(routed_i),
             shared_w(inter, hidden), x.new_empty((num_experts, inter, hidden)),
             shared_w(inter, hidden), x.new_empty((num_experts, inter, hidden)),
             shared_w(hidden, inter), x.new_empty((num_experts, hidden, inter)))

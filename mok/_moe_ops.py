@@ -1,13 +1,12 @@
 """The four fused passes as custom ops: dispatch -> SwiGLU experts -> combine, fwd and bwd.
 
 Argument lists are the original's (plus mok's trailing `group_name`); shared weights may be
-None (no shared expert), and so are the matching shared outputs. Routed outputs have one row
+None (no shared expert): the matching shared outputs are then 0-size tensors, since a custom op
+that mutates an input may not return None. Routed outputs have one row
 per schedule row (C). Re-exported by `mok.ops`.
 """
 
 from __future__ import annotations
-
-import inspect
 
 import torch
 
@@ -18,24 +17,6 @@ Tensor = torch.Tensor
 OptTensor = torch.Tensor | None
 
 
-def fused_op(name: str, mutates_args: tuple[str, ...], returns: list[str]):
-    """torch.library.custom_op with optional (None) outputs, which schema inference lacks."""
-
-    def wrap(fn):
-        signature = inspect.signature(fn, eval_str=True)
-
-        def prototype(*args, **kwargs):
-            raise AssertionError("schema prototype only")
-
-        prototype.__signature__ = signature.replace(return_annotation=torch.Tensor)
-        inferred = torch.library.infer_schema(prototype, mutates_args=mutates_args)
-        schema = inferred[: inferred.rindex("->")] + f"-> ({', '.join(returns)})"
-        return torch.library.custom_op(f"mok::{name}", fn, mutates_args=mutates_args,
-                                       schema=schema)
-
-    return wrap
-
-
 def _common(x, schedule, topk, swiglu_limit):
     _validate.check_limit(swiglu_limit)
     capacity, _ = _validate.check_schedule(*schedule, x.device)
@@ -44,9 +25,7 @@ def _common(x, schedule, topk, swiglu_limit):
     return capacity
 
 
-@fused_op("dispatch_mlp_swiglu_combine_fwd_bf16", ("combine_buffer",),
-          ["Tensor", "Tensor?", "Tensor", "Tensor?", "Tensor", "Tensor?", "Tensor", "Tensor?",
-           "Tensor"])
+@torch.library.custom_op("mok::dispatch_mlp_swiglu_combine_fwd_bf16", mutates_args=("combine_buffer",))
 def dispatch_mlp_swiglu_combine_fwd_bf16(
     x: Tensor, x_ptrs: list[int], combine_buffer: Tensor, combine_buffer_ptrs: list[int],
     w_shared_gate: OptTensor, w_routed_gate: Tensor, w_shared_up: OptTensor, w_routed_up: Tensor,
@@ -54,7 +33,7 @@ def dispatch_mlp_swiglu_combine_fwd_bf16(
     schedule_peer_rank: Tensor, schedule_peer_token_idx: Tensor, num_tokens: Tensor,
     tokens_per_expert: Tensor, topk: int, swiglu_limit: float | None, num_comm_sms: int,
     macrobatch_size: int, minibatch_size: int, group_name: str = "",
-) -> tuple[Tensor, OptTensor, Tensor, OptTensor, Tensor, OptTensor, Tensor, OptTensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """BF16 forward. Outputs: x_routed, gate_shared, gate_routed, up_shared, up_routed,
     hidden_shared, hidden_routed, y_shared, y_routed (routed: bf16 [C, H] / [C, I])."""
     schedule = (schedule_peer_rank, schedule_peer_token_idx, num_tokens, tokens_per_expert)
@@ -66,7 +45,7 @@ def dispatch_mlp_swiglu_combine_fwd_bf16(
         x, combine_buffer, shared, routed, schedule, topk, swiglu_limit, group_name, False
     )
     x_rows, gate, up, hidden = saved
-    g_s, u_s, h_s, y_s = shared_out
+    g_s, u_s, h_s, y_s = present(shared_out, x)
     return x_rows, g_s, gate, u_s, up, h_s, hidden, y_s, y
 
 
@@ -79,20 +58,23 @@ def _(x, x_ptrs, combine_buffer, combine_buffer_ptrs, w_shared_gate, w_routed_ga
     capacity, inter = rest[4].shape[0], w_routed_gate.shape[1]
     shared = w_shared_gate is not None
     routed_i = x.new_empty((capacity, inter))
-    shared_i = x.new_empty((x.shape[0], inter)) if shared else None
-    y_s = torch.empty_like(x) if shared else None
+    shared_i = x.new_empty((x.shape[0], inter) if shared else (0,))
+    y_s = x.new_empty(x.shape if shared else (0,))
     return (x.new_empty((capacity, x.shape[1])), shared_i, routed_i, _like(shared_i),
             torch.empty_like(routed_i), _like(shared_i), torch.empty_like(routed_i), y_s,
             x.new_empty((capacity, x.shape[1])))
 
 
 def _like(t):
-    return None if t is None else torch.empty_like(t)
+    return torch.empty_like(t)
 
 
-@fused_op("dispatch_mlp_swiglu_combine_fwd_mxfp8", ("combine_buffer",),
-          ["Tensor", "Tensor", "Tensor?", "Tensor", "Tensor", "Tensor?", "Tensor", "Tensor",
-           "Tensor?", "Tensor", "Tensor", "Tensor?", "Tensor"])
+def present(outputs, like: Tensor) -> tuple[Tensor, ...]:
+    """Custom ops that mutate inputs cannot return None: an absent output is a 0-size tensor."""
+    return tuple(like.new_empty((0,)) if t is None else t for t in outputs)
+
+
+@torch.library.custom_op("mok::dispatch_mlp_swiglu_combine_fwd_mxfp8", mutates_args=("combine_buffer",))
 def dispatch_mlp_swiglu_combine_fwd_mxfp8(
     x: Tensor, x_ptrs: list[int], combine_buffer: Tensor, combine_buffer_ptrs: list[int],
     w_shared_gate: OptTensor, w_routed_gate: Tensor, w_routed_gate_sc: Tensor,
@@ -101,8 +83,8 @@ def dispatch_mlp_swiglu_combine_fwd_mxfp8(
     schedule_peer_rank: Tensor, schedule_peer_token_idx: Tensor, num_tokens: Tensor,
     tokens_per_expert: Tensor, topk: int, swiglu_limit: float | None, num_comm_sms: int,
     macrobatch_size: int, minibatch_size: int, group_name: str = "",
-) -> tuple[Tensor, Tensor, OptTensor, Tensor, Tensor, OptTensor, Tensor, Tensor, OptTensor,
-           Tensor, Tensor, OptTensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+           Tensor, Tensor, Tensor]:
     """MXFP8 forward. Outputs: x_fp8_t_routed [H, C], x_sc_t_routed, gate_shared,
     gate_fp8_routed [C, I], gate_sc_routed, up_shared, up_fp8_routed, up_sc_routed,
     hidden_shared, hidden_fp8_t_routed [I, C], hidden_sc_t_routed, y_shared, y_routed."""
@@ -116,20 +98,20 @@ def dispatch_mlp_swiglu_combine_fwd_mxfp8(
         x, combine_buffer, shared, routed, schedule, topk, swiglu_limit, group_name, True
     )
     (x_t, x_t_sc), (gate, gate_sc), (up, up_sc), (hidden_t, hidden_t_sc) = saved
-    g_s, u_s, h_s, y_s = shared_out
+    g_s, u_s, h_s, y_s = present(shared_out, x)
     return (x_t, x_t_sc, g_s, gate, gate_sc, u_s, up, up_sc, h_s, hidden_t, hidden_t_sc, y_s, y)
 
 
 @dispatch_mlp_swiglu_combine_fwd_mxfp8.register_fake
 def _(x, x_ptrs, combine_buffer, combine_buffer_ptrs, w_shared_gate, w_routed_gate, *rest):
     capacity, inter, hidden = rest[7].shape[0], w_routed_gate.shape[1], x.shape[1]
-    shared = x.new_empty((x.shape[0], inter)) if w_shared_gate is not None else None
+    shared = x.new_empty((x.shape[0], inter) if w_shared_gate is not None else (0,))
 
     def pair(rows, cols):
         data = x.new_empty((rows, cols), dtype=torch.float8_e4m3fn)
         return data, x.new_empty((rows // 128, cols // 128, 32, 16), dtype=torch.uint8)
 
-    y_s = torch.empty_like(x) if shared is not None else None
+    y_s = x.new_empty(x.shape if w_shared_gate is not None else (0,))
     return (*pair(hidden, capacity), shared, *pair(capacity, inter), _like(shared),
             *pair(capacity, inter), _like(shared), *pair(inter, capacity), y_s,
             x.new_empty((capacity, hidden)))

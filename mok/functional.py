@@ -115,17 +115,26 @@ def forward(
     if mxfp8:
         weights = _interleave(shared, routed_gate_weights, routed_up_weights, routed_down_weights)
         out = ops.dispatch_mlp_swiglu_combine_fwd_mxfp8(*head, *weights, *tail)
+        out = _absent_to_none(out, shared_gate_weights, (2, 5, 8, 11))
         ctx = MoKForwardContext(out[0:2], out[2], out[3:5], out[5], out[6:8], out[8], out[9:11])
         y_shared = out[11]
     else:
         weights = _interleave(shared, (routed_gate_weights,), (routed_up_weights,),
                               (routed_down_weights,))
         out = ops.dispatch_mlp_swiglu_combine_fwd_bf16(*head, *weights, *tail)
+        out = _absent_to_none(out, shared_gate_weights, (1, 3, 5, 7))
         ctx = MoKForwardContext(*out[:7])
         y_shared = out[7]
     output = ops.fwd_epilogue(y_shared, ws.combine_buffer, router_weights)
     _debug_check(ws)
     return output, ctx
+
+
+def _absent_to_none(outputs, shared_gate_weights, shared_positions) -> tuple:
+    """The ops return 0-size tensors for the outputs of an absent shared expert."""
+    if shared_gate_weights is not None:
+        return tuple(outputs)
+    return tuple(None if i in shared_positions else t for i, t in enumerate(outputs))
 
 
 def _interleave(shared, gate, up, down) -> tuple:
@@ -187,6 +196,7 @@ def backward(
         out = ops.dispatch_mlp_swiglu_combine_bwd_bf16(
             *head, *weights, *saved, ws.x_buffer, ws.x_buffer_ptrs, *tail
         )
+    out = _absent_to_none(out, shared_gate_weights, (0, 2, 4, 6, 8, 10, 12))
     d_x = ops.bwd_epilogue(out[0], ws.d_x_routed_buffer, ws.topk)
     d_router_weights = ws.d_router_weight_buffer.clone()
     _debug_check(ws)

@@ -15,26 +15,33 @@
 
 namespace mok::mxfp8 {
 
-constexpr uint32_t kAbsMask2 = 0x7fff7fffu;           // clears the sign of both bf16 halves
+constexpr uint32_t kAbsMask2 = 0x7fff7fffu;  // clears the sign of both bf16 halves
+constexpr uint32_t kSign2 = 0x80008000u;     // the sign bits of both halves
+constexpr uint32_t kInf2 = 0x7f807f80u;      // |bf16| bits above this are NaN
 
 // Byte offset of (local row r, k-block kb) inside one tile's swizzled [32, 16] scale block.
 __device__ __forceinline__ int swizzled_scale_offset(int r, int kb) {
   return (r % 32) * 16 + (r / 32) * 4 + kb;
 }
 
-// Elementwise max of the |bf16| bit patterns of two packed words. Comparing magnitudes as
-// unsigned integers orders finite values, then Inf, then NaN, so a NaN propagates like amax does.
-__device__ __forceinline__ uint32_t abs_max2(uint32_t acc, uint32_t word) {
-  return __vmaxu2(acc, word & kAbsMask2);
+// Folds one packed bf16 pair into the running block maximum `amax2` (two 16-bit |x| bit patterns;
+// unsigned order of magnitudes is numeric order) and returns the pair ready for conversion.
+// NaN does not take part in the maximum (the reference ignores it, like fmaxf), and its sign is
+// cleared so that every NaN converts to the one canonical E4M3 NaN byte 0x7F.
+__device__ __forceinline__ uint32_t scan_pair(uint32_t word, uint32_t& amax2) {
+  const uint32_t magnitude = word & kAbsMask2;
+  const uint32_t is_nan = __vcmpgtu2(magnitude, kInf2);  // 0xffff in each NaN half
+  amax2 = __vmaxu2(amax2, magnitude & ~is_nan);
+  return word & ~(is_nan & kSign2);
 }
 
-// Scale exponent for a block whose largest |x| has bf16 bits `amax_bits` (sign already clear).
+// Scale exponent for a block whose largest non-NaN |x| has bf16 bits `amax_bits`.
 // With amax = m * 2^E, 1 <= m < 2 and 448 = 1.75 * 2^8: e = E - 8 if m <= 1.75 else E - 7.
 __device__ __forceinline__ int scale_exponent(uint32_t amax_bits) {
   const uint32_t biased = (amax_bits >> 7) & 0xffu;
   const uint32_t mantissa = amax_bits & 0x7fu;
   if (biased == 0xffu) {
-    return kMaxExponent;  // Inf and NaN: the reference's ceil(log2(inf)) clamps to 127
+    return kMaxExponent;  // Inf (NaN never reaches here): ceil(log2(inf)) clamps to 127
   }
   // bf16 subnormals and zero give E <= -127, which clamps to -127 below (byte 0).
   const int exponent = static_cast<int>(biased) - 127 - 8 + (mantissa > 0x60u ? 1 : 0);

@@ -45,9 +45,6 @@ def _quantize_first_block(values: list[float]) -> tuple[int, list[int], list[int
     return byte, row[: len(values)], row[len(values) :]
 
 
-# ---------------------------------------------------------------- scalar reference (Fractions)
-
-
 def _ref_e4m3(v: float | Fraction, negative: bool) -> int:
     """E4M3 byte of a finite value: saturate to 448, then round half to even; exact arithmetic."""
     sign = 0x80 if negative else 0
@@ -100,8 +97,6 @@ def _ref_quantize_rows(x: torch.Tensor) -> tuple[list[int], list[int]]:
         elements.extend(_ref_element(v, byte - 127) for v in block)
     return elements, scales
 
-
-# ---------------------------------------------------------------- hand-computed bytes
 
 KNOWN = [
     pytest.param([1.0], 119, [0x78], id="one"),
@@ -168,8 +163,6 @@ def test_power_of_two_blocks(k: int, byte: int, element: int) -> None:
     assert _quantize_first_block([2.0**k] * 32)[:2] == (byte, [element] * 32)
 
 
-# ---------------------------------------------------------------- the exact scale boundary
-
 BOUNDARY_EXPONENTS = [-127, -60, -9, -1, 0, 1, 60, 119]
 
 
@@ -191,9 +184,6 @@ def test_boundary_in_float32(e: int) -> None:
     below = torch.nextafter(at, torch.tensor(0.0))
     got = mxfp8.scale_bytes(torch.stack([below, at, above])).flatten().tolist()
     assert got == [e + 127, e + 127, e + 128]
-
-
-# ---------------------------------------------------------------- E4M3 encoding vs the scalar one
 
 
 def _encoding_probe_values() -> torch.Tensor:
@@ -228,9 +218,6 @@ def test_quantize_matches_scalar_reference() -> None:
     elements, scales = _ref_quantize_rows(x)
     assert _bytes(mxfp8.unswizzle_scales(sc, 128, 128)) == scales
     assert _bytes(data) == elements
-
-
-# ---------------------------------------------------------------- swizzle
 
 
 @pytest.mark.parametrize(
@@ -269,9 +256,6 @@ def test_unswizzle_inverts_swizzle(rows: int, cols: int) -> None:
     swizzled = torch.randint(0, 256, (rows // 128, cols // 128, 32, 16), dtype=torch.uint8)
     scales_rc = mxfp8.unswizzle_scales(swizzled, rows, cols)
     assert torch.equal(mxfp8.swizzle_scales(scales_rc), swizzled)
-
-
-# ---------------------------------------------------------------- round trips and layouts
 
 
 def _random_x(shape: tuple[int, ...], seed: int) -> torch.Tensor:
@@ -389,11 +373,11 @@ def test_cuda_matches_cpu() -> None:
     assert torch.equal(back.nan_to_num(), mxfp8.dequantize(on_cpu[0], on_cpu[1]).nan_to_num())
 
 
-# ---------------------------------------------------------------- argument checks
-
 X = torch.zeros(128, 256, dtype=torch.bfloat16)
 DATA = torch.zeros(128, 256, dtype=torch.float8_e4m3fn)
 SC = torch.zeros(1, 2, 32, 16, dtype=torch.uint8)
+RC_64_ROWS = torch.zeros(64, 4, dtype=torch.uint8)
+RC_2_GROUPS = torch.zeros(128, 2, dtype=torch.uint8)
 
 BAD_CALLS = [
     pytest.param(lambda: mxfp8.quantize([1.0]), TypeError, "`x`.*list", id="x_not_tensor"),
@@ -410,18 +394,8 @@ BAD_CALLS = [
     pytest.param(lambda: mxfp8.dequantize(DATA, SC[:, :1]), ValueError, r"1, 1, 32", id="sc_shape"),
     pytest.param(lambda: mxfp8.dequantize(DATA[:, :64], SC), ValueError, "N", id="data_n_64"),
     pytest.param(lambda: mxfp8.swizzle_scales(SC), ValueError, "scales_rc", id="swz_rank"),
-    pytest.param(
-        lambda: mxfp8.swizzle_scales(torch.zeros(64, 4, dtype=torch.uint8)),
-        ValueError,
-        r"\(R\).*128.*64",
-        id="swz_rows_64",
-    ),
-    pytest.param(
-        lambda: mxfp8.swizzle_scales(torch.zeros(128, 2, dtype=torch.uint8)),
-        ValueError,
-        r"C/32.*4.*2",
-        id="swz_groups_2",
-    ),
+    pytest.param(lambda: mxfp8.swizzle_scales(RC_64_ROWS), ValueError, r"\(R\).*64", id="swz_r64"),
+    pytest.param(lambda: mxfp8.swizzle_scales(RC_2_GROUPS), ValueError, r"C/32.*4.*2", id="swz_g2"),
     pytest.param(lambda: mxfp8.unswizzle_scales(SC, 100, 256), ValueError, "rows", id="uns_rows"),
     pytest.param(lambda: mxfp8.unswizzle_scales(SC, 128, 128), ValueError, r"\[1, 1", id="uns_sh"),
     pytest.param(lambda: mxfp8.scale_bytes(SC), TypeError, "`x`.*uint8", id="scale_bytes_u8"),

@@ -1,17 +1,97 @@
 """The one description of the CUDA extension.
 
-Plain literal assignments only: Bazel `load()`s this file, the PEP 517 backend reads it with
-`ast.literal_eval`, and a test checks the Nix flake and the lock file against it.
+Plain literal assignments only: Bazel `load()`s this file, the PEP 517 backend
+(tools/build/mok_build) reads it with `ast.literal_eval`, and tests check the Nix flake, the lock
+file and the Bazel targets against it. Placeholders in braces ({arch}, {module}, ...) are filled
+per module by each front end with str.format, which Starlark and Python both have.
 """
 
 # The compiler every front end must use (nvidia-cuda-nvcc on PyPI, the NVIDIA redist for Bazel,
-# cudaPackages_13_0 for Nix).
+# cudaPackages_13_0 for Nix). The PEP 517 backend refuses any other `nvcc --version`.
 CUDA_VERSION = "13.0.88"
 
-# One extension module per architecture: mok/_C_<arch>.so
+# One extension module per architecture: mok/_C_<arch>.so, compiled with only that arch's
+# -gencode so that each binary carries exactly one cubin.
 ARCHS = ["sm_90a", "sm_100a", "sm_103a"]
+
+MODULE_PREFIX = "_C_"
+
+GENCODE = {
+    "sm_90a": "arch=compute_90a,code=sm_90a",
+    "sm_100a": "arch=compute_100a,code=sm_100a",
+    "sm_103a": "arch=compute_103a,code=sm_103a",
+}
+
+# The compute capability each module serves (mok/_extension.py holds the same table at run time).
+COMPUTE_CAPABILITY = {
+    "sm_90a": "9.0",
+    "sm_100a": "10.0",
+    "sm_103a": "10.3",
+}
 
 EXTENSION_SOURCES = [
     "csrc/bindings.cpp",
     "csrc/mxfp8.cu",
 ]
+
+EXTENSION_HEADERS = [
+    "csrc/api/info.hpp",
+    "csrc/api/mxfp8.hpp",
+    "csrc/common/cuda_check.hpp",
+    "csrc/common/mxfp8_format.hpp",
+    "csrc/common/mxfp8_math.cuh",
+    "csrc/mxfp8.h",
+]
+
+# Relative to the repository root; sources include "common/..." and "api/...".
+INCLUDE_DIRS = ["csrc"]
+
+# Compile definitions for every source of a module.
+DEFINES = [
+    "MOK_MODULE_NAME={module}",
+    "MOK_ARCH=\"{arch}\"",
+    "MOK_VERSION=\"{version}\"",
+    "MOK_NVCC_VERSION=\"{nvcc_version}\"",
+    "MOK_GIT_COMMIT=\"{git_commit}\"",
+]
+
+# nvcc flags for every source (.cu and .cpp). -ftz=false and -prec-div=true are the defaults but
+# are spelled out: the quantize kernel matches the reference bit for bit only without
+# flush-to-zero (2^-127 scale factors are fp32 subnormals).
+NVCC_FLAGS = [
+    "-std=c++17",
+    "-O3",
+    "-ftz=false",
+    "-prec-div=true",
+    "-prec-sqrt=true",
+]
+
+# Host compiler flags (passed with -Xcompiler). -g0: no debug info, hence no paths in it.
+HOST_FLAGS = [
+    "-fPIC",
+    "-fvisibility=hidden",
+    "-g0",
+    "-Wall",
+]
+
+# Flags that make a build independent of where it runs; {src_root} and {build_root} are the
+# absolute source and output directories, {source} the source path relative to the root.
+# -objtemp keeps nvcc's intermediate files next to the object, -frandom-seed fixes the names
+# nvcc and gcc would otherwise draw at random, the prefix maps strip absolute paths from __FILE__.
+REPRODUCIBLE_FLAGS = [
+    "-objtemp",
+    "-frandom-seed={source}:{arch}",
+    "-Xcompiler=-ffile-prefix-map={src_root}=.",
+    "-Xcompiler=-ffile-prefix-map={build_root}=build",
+]
+
+# Link: static CUDA runtime (no libcudart.so lookup at import time; only the driver is needed).
+LINK_FLAGS = [
+    "-shared",
+    "-cudart=static",
+]
+
+# The wheel's platform tag. The modules are linked on Debian 12 (glibc 2.36, GCC 12): the static
+# CUDA runtime binds pthread/dl symbols at GLIBC_2.34, so 2_34 is the honest tag; the PEP 517
+# backend reads the binaries' symbol versions and fails if they need more than this.
+WHEEL_PLATFORM = "manylinux_2_34_x86_64"

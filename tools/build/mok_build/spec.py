@@ -1,0 +1,162 @@
+"""What to build: tools/build/extension.bzl (sources, archs, flags) and pyproject.toml (metadata).
+
+extension.bzl is Starlark that Bazel loads; it is kept to plain literal assignments so that this
+module can read it with `ast` and no Starlark interpreter.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+EXTENSION_BZL = Path("tools/build/extension.bzl")
+
+# Fields extension.bzl must define, with the Python type each literal must have.
+_FIELDS: dict[str, type] = {
+    "CUDA_VERSION": str,
+    "ARCHS": list,
+    "MODULE_PREFIX": str,
+    "GENCODE": dict,
+    "COMPUTE_CAPABILITY": dict,
+    "EXTENSION_SOURCES": list,
+    "EXTENSION_HEADERS": list,
+    "INCLUDE_DIRS": list,
+    "DEFINES": list,
+    "NVCC_FLAGS": list,
+    "HOST_FLAGS": list,
+    "REPRODUCIBLE_FLAGS": list,
+    "LINK_FLAGS": list,
+    "WHEEL_PLATFORM": str,
+}
+
+
+class SpecError(ValueError):
+    """The build description or the project metadata is malformed."""
+
+
+def read_bzl(path: Path) -> dict[str, object]:
+    """Every top-level `NAME = <literal>` of a Starlark file, evaluated with ast.literal_eval."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    values: dict[str, object] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue  # the module docstring
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
+            raise SpecError(f"{path}:{node.lineno}: only `NAME = <literal>` statements are allowed")
+        target = node.targets[0]
+        if not isinstance(target, ast.Name):
+            raise SpecError(f"{path}:{node.lineno}: assignment target must be a plain name")
+        try:
+            values[target.id] = ast.literal_eval(node.value)
+        except ValueError as error:
+            raise SpecError(f"{path}:{node.lineno}: {target.id} is not a literal") from error
+    return values
+
+
+@dataclass(frozen=True, slots=True)
+class ExtensionSpec:
+    """The parsed extension.bzl (field names as there, lower-cased)."""
+
+    cuda_version: str
+    archs: tuple[str, ...]
+    module_prefix: str
+    gencode: dict[str, str]
+    compute_capability: dict[str, str]
+    extension_sources: tuple[str, ...]
+    extension_headers: tuple[str, ...]
+    include_dirs: tuple[str, ...]
+    defines: tuple[str, ...]
+    nvcc_flags: tuple[str, ...]
+    host_flags: tuple[str, ...]
+    reproducible_flags: tuple[str, ...]
+    link_flags: tuple[str, ...]
+    wheel_platform: str
+
+    def module_name(self, arch: str) -> str:
+        return f"{self.module_prefix}{arch}"
+
+
+def load_extension_spec(root: Path) -> ExtensionSpec:
+    values = read_bzl(root / EXTENSION_BZL)
+    fields = {}
+    for name, kind in _FIELDS.items():
+        if not isinstance(values.get(name), kind):
+            raise SpecError(f"{EXTENSION_BZL}: {name} must be a {kind.__name__} literal")
+        value = values[name]
+        fields[name.lower()] = tuple(value) if kind is list else value
+    spec = ExtensionSpec(**fields)
+    for arch in spec.archs:
+        if arch not in spec.gencode or arch not in spec.compute_capability:
+            raise SpecError(f"{EXTENSION_BZL}: {arch} needs GENCODE and COMPUTE_CAPABILITY entries")
+    return spec
+
+
+def selected_archs(spec: ExtensionSpec, environ: dict[str, str] | None = None) -> tuple[str, ...]:
+    """MOK_ARCHS (comma-separated, for quick dev builds) or, by default, every arch."""
+    environ = os.environ if environ is None else environ
+    requested = environ.get("MOK_ARCHS", "").replace(" ", "")
+    if not requested:
+        return spec.archs
+    archs = tuple(dict.fromkeys(requested.split(",")))
+    unknown = [arch for arch in archs if arch not in spec.archs]
+    if unknown or "" in archs:
+        raise SpecError(
+            f"MOK_ARCHS={requested!r} names unknown architectures {unknown}; "
+            f"choose from {', '.join(spec.archs)}"
+        )
+    return archs
+
+
+@dataclass(frozen=True, slots=True)
+class ProjectMetadata:
+    name: str
+    version: str
+    summary: str
+    requires_python: str
+    dependencies: tuple[str, ...]
+    license: str
+    readme: str
+    build_requires: tuple[str, ...]
+
+    @property
+    def dist_name(self) -> str:
+        """The distribution name as wheel and sdist file names spell it (PEP 427/625)."""
+        return re.sub(r"[-_.]+", "_", self.name).lower()
+
+
+def load_project(root: Path) -> ProjectMetadata:
+    data = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))
+    project = data.get("project", {})
+    missing = [key for key in ("name", "version") if key not in project]
+    if missing:
+        raise SpecError(f"pyproject.toml [project] lacks {missing} (dynamic metadata is unsupported)")
+    license_value = project.get("license", "")
+    return ProjectMetadata(
+        name=project["name"],
+        version=project["version"],
+        summary=project.get("description", ""),
+        requires_python=project.get("requires-python", ""),
+        dependencies=tuple(project.get("dependencies", ())),
+        license=license_value if isinstance(license_value, str) else "",
+        readme=project.get("readme", "") if isinstance(project.get("readme"), str) else "",
+        build_requires=tuple(data.get("build-system", {}).get("requires", ())),
+    )
+
+
+def pinned_requirements(requirements: tuple[str, ...]) -> dict[str, str]:
+    """{normalized name: version} of the `name==version` entries (others are ignored)."""
+    pins = {}
+    for requirement in requirements:
+        match = re.fullmatch(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*==\s*([^\s;,]+)\s*", requirement)
+        if match:
+            pins[normalize(match.group(1))] = match.group(2)
+    return pins
+
+
+def normalize(name: str) -> str:
+    """PEP 503 name normalization."""
+    return re.sub(r"[-_.]+", "-", name).lower()
