@@ -17,24 +17,59 @@ from mok._moe_ops import OptTensor, Tensor, _common, _shared, present
 from mok.backends import reference_moe
 
 _MUTATED = ("d_x_routed_buffer", "d_router_weight_buffer")
-_OUT = tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
-             Tensor, Tensor, Tensor, Tensor]
+_OUT = tuple[
+    Tensor,
+    Tensor,
+    Tensor,
+    Tensor,
+    Tensor,
+    Tensor,
+    Tensor,
+    Tensor,
+    Tensor,
+    Tensor,
+    Tensor,
+    Tensor,
+    Tensor,
+    Tensor,
+]
 
 
 @torch.library.custom_op("mok::dispatch_mlp_swiglu_combine_bwd_bf16", mutates_args=_MUTATED)
 def dispatch_mlp_swiglu_combine_bwd_bf16(
-    d_y_buffer: Tensor, d_y_buffer_ptrs: list[int], d_x_routed_buffer: Tensor,
-    d_x_routed_buffer_ptrs: list[int], router_weight_buffer: Tensor,
-    router_weight_buffer_ptrs: list[int], d_router_weight_buffer: Tensor,
+    d_y_buffer: Tensor,
+    d_y_buffer_ptrs: list[int],
+    d_x_routed_buffer: Tensor,
+    d_x_routed_buffer_ptrs: list[int],
+    router_weight_buffer: Tensor,
+    router_weight_buffer_ptrs: list[int],
+    d_router_weight_buffer: Tensor,
     d_router_weight_buffer_ptrs: list[int],
-    w_shared_gate: OptTensor, w_routed_gate: Tensor, w_shared_up: OptTensor, w_routed_up: Tensor,
-    w_shared_down: OptTensor, w_routed_down: Tensor,
-    x_routed: Tensor, gate_shared: OptTensor, gate_routed: Tensor, up_shared: OptTensor,
-    up_routed: Tensor, hidden_shared: OptTensor, hidden_routed: Tensor,
-    x: Tensor, x_ptrs: list[int],
-    schedule_peer_rank: Tensor, schedule_peer_token_idx: Tensor, num_tokens: Tensor,
-    tokens_per_expert: Tensor, topk: int, swiglu_limit: float | None, num_comm_sms: int,
-    macrobatch_size: int, minibatch_size: int, group_name: str = "",
+    w_shared_gate: OptTensor,
+    w_routed_gate: Tensor,
+    w_shared_up: OptTensor,
+    w_routed_up: Tensor,
+    w_shared_down: OptTensor,
+    w_routed_down: Tensor,
+    x_routed: Tensor,
+    gate_shared: OptTensor,
+    gate_routed: Tensor,
+    up_shared: OptTensor,
+    up_routed: Tensor,
+    hidden_shared: OptTensor,
+    hidden_routed: Tensor,
+    x: Tensor,
+    x_ptrs: list[int],
+    schedule_peer_rank: Tensor,
+    schedule_peer_token_idx: Tensor,
+    num_tokens: Tensor,
+    tokens_per_expert: Tensor,
+    topk: int,
+    swiglu_limit: float | None,
+    num_comm_sms: int,
+    macrobatch_size: int,
+    minibatch_size: int,
+    group_name: str = "",
 ) -> _OUT:
     """BF16 backward (see the module docstring for the outputs)."""
     schedule = (schedule_peer_rank, schedule_peer_token_idx, num_tokens, tokens_per_expert)
@@ -42,30 +77,67 @@ def dispatch_mlp_swiglu_combine_bwd_bf16(
     routed = (w_routed_gate, w_routed_up, w_routed_down)
     _validate.check_routed_bf16(routed, x.shape[1], x.device)
     return _backward(
-        (d_y_buffer, router_weight_buffer), (d_x_routed_buffer, d_router_weight_buffer),
-        _shared(w_shared_gate, w_shared_up, w_shared_down), routed,
-        (x_routed, gate_routed, up_routed, hidden_routed), (gate_shared, up_shared, hidden_shared),
-        x, schedule, topk, swiglu_limit, group_name, False,
+        (d_y_buffer, router_weight_buffer),
+        (d_x_routed_buffer, d_router_weight_buffer),
+        _shared(w_shared_gate, w_shared_up, w_shared_down),
+        routed,
+        (x_routed, gate_routed, up_routed, hidden_routed),
+        (gate_shared, up_shared, hidden_shared),
+        x,
+        schedule,
+        topk,
+        swiglu_limit,
+        group_name,
+        False,
     )
 
 
 @torch.library.custom_op("mok::dispatch_mlp_swiglu_combine_bwd_mxfp8", mutates_args=_MUTATED)
 def dispatch_mlp_swiglu_combine_bwd_mxfp8(
-    d_y_buffer: Tensor, d_y_buffer_ptrs: list[int], d_x_routed_buffer: Tensor,
-    d_x_routed_buffer_ptrs: list[int], router_weight_buffer: Tensor,
-    router_weight_buffer_ptrs: list[int], d_router_weight_buffer: Tensor,
+    d_y_buffer: Tensor,
+    d_y_buffer_ptrs: list[int],
+    d_x_routed_buffer: Tensor,
+    d_x_routed_buffer_ptrs: list[int],
+    router_weight_buffer: Tensor,
+    router_weight_buffer_ptrs: list[int],
+    d_router_weight_buffer: Tensor,
     d_router_weight_buffer_ptrs: list[int],
-    w_shared_gate: OptTensor, w_routed_gate_T: Tensor, w_routed_gate_T_sc: Tensor,
-    w_shared_up: OptTensor, w_routed_up_T: Tensor, w_routed_up_T_sc: Tensor,
-    w_shared_down: OptTensor, w_routed_down_T: Tensor, w_routed_down_T_sc: Tensor,
-    x_fp8_t_routed: Tensor, x_sc_t_routed: Tensor, gate_shared: OptTensor,
-    gate_fp8_routed: Tensor, gate_sc_routed: Tensor, up_shared: OptTensor, up_fp8_routed: Tensor,
-    up_sc_routed: Tensor, hidden_shared: OptTensor, hidden_fp8_t_routed: Tensor,
-    hidden_sc_t_routed: Tensor, x: Tensor, x_ptrs: list[int],
-    w_routed_gate: Tensor, w_routed_gate_sc: Tensor, w_routed_up: Tensor, w_routed_up_sc: Tensor,
-    schedule_peer_rank: Tensor, schedule_peer_token_idx: Tensor, num_tokens: Tensor,
-    tokens_per_expert: Tensor, topk: int, swiglu_limit: float | None, num_comm_sms: int,
-    macrobatch_size: int, minibatch_size: int, group_name: str = "",
+    w_shared_gate: OptTensor,
+    w_routed_gate_T: Tensor,
+    w_routed_gate_T_sc: Tensor,
+    w_shared_up: OptTensor,
+    w_routed_up_T: Tensor,
+    w_routed_up_T_sc: Tensor,
+    w_shared_down: OptTensor,
+    w_routed_down_T: Tensor,
+    w_routed_down_T_sc: Tensor,
+    x_fp8_t_routed: Tensor,
+    x_sc_t_routed: Tensor,
+    gate_shared: OptTensor,
+    gate_fp8_routed: Tensor,
+    gate_sc_routed: Tensor,
+    up_shared: OptTensor,
+    up_fp8_routed: Tensor,
+    up_sc_routed: Tensor,
+    hidden_shared: OptTensor,
+    hidden_fp8_t_routed: Tensor,
+    hidden_sc_t_routed: Tensor,
+    x: Tensor,
+    x_ptrs: list[int],
+    w_routed_gate: Tensor,
+    w_routed_gate_sc: Tensor,
+    w_routed_up: Tensor,
+    w_routed_up_sc: Tensor,
+    schedule_peer_rank: Tensor,
+    schedule_peer_token_idx: Tensor,
+    num_tokens: Tensor,
+    tokens_per_expert: Tensor,
+    topk: int,
+    swiglu_limit: float | None,
+    num_comm_sms: int,
+    macrobatch_size: int,
+    minibatch_size: int,
+    group_name: str = "",
 ) -> _OUT:
     """MXFP8 backward (see the module docstring for the outputs)."""
     schedule = (schedule_peer_rank, schedule_peer_token_idx, num_tokens, tokens_per_expert)
@@ -76,12 +148,24 @@ def dispatch_mlp_swiglu_combine_bwd_mxfp8(
         (w_routed_down_T, w_routed_down_T_sc),
     )
     _validate.check_routed_mxfp8(routed, x.shape[1], x.device, backward=True)
-    saved = ((x_fp8_t_routed, x_sc_t_routed), (gate_fp8_routed, gate_sc_routed),
-             (up_fp8_routed, up_sc_routed), (hidden_fp8_t_routed, hidden_sc_t_routed))
+    saved = (
+        (x_fp8_t_routed, x_sc_t_routed),
+        (gate_fp8_routed, gate_sc_routed),
+        (up_fp8_routed, up_sc_routed),
+        (hidden_fp8_t_routed, hidden_sc_t_routed),
+    )
     return _backward(
-        (d_y_buffer, router_weight_buffer), (d_x_routed_buffer, d_router_weight_buffer),
-        _shared(w_shared_gate, w_shared_up, w_shared_down), routed, saved,
-        (gate_shared, up_shared, hidden_shared), x, schedule, topk, swiglu_limit, group_name,
+        (d_y_buffer, router_weight_buffer),
+        (d_x_routed_buffer, d_router_weight_buffer),
+        _shared(w_shared_gate, w_shared_up, w_shared_down),
+        routed,
+        saved,
+        (gate_shared, up_shared, hidden_shared),
+        x,
+        schedule,
+        topk,
+        swiglu_limit,
+        group_name,
         True,
     )
 
@@ -101,23 +185,35 @@ def _fake_outputs(x, w_shared_gate, capacity, num_experts, inter):
 
     shared_i = shared_w(x.shape[0], inter)
     routed_i = x.new_empty((capacity, inter))
-    return (shared_w(*x.shape), x.new_empty((capacity, hidden)), shared_i, routed_i,
-            torch.empty_like(shared_i), torch.empty_like(routed_i), torch.empty_like(shared_i),
-            torch.empty_like(routed_i),
-            shared_w(inter, hidden), x.new_empty((num_experts, inter, hidden)),
-            shared_w(inter, hidden), x.new_empty((num_experts, inter, hidden)),
-            shared_w(hidden, inter), x.new_empty((num_experts, hidden, inter)))
+    return (
+        shared_w(*x.shape),
+        x.new_empty((capacity, hidden)),
+        shared_i,
+        routed_i,
+        torch.empty_like(shared_i),
+        torch.empty_like(routed_i),
+        torch.empty_like(shared_i),
+        torch.empty_like(routed_i),
+        shared_w(inter, hidden),
+        x.new_empty((num_experts, inter, hidden)),
+        shared_w(inter, hidden),
+        x.new_empty((num_experts, inter, hidden)),
+        shared_w(hidden, inter),
+        x.new_empty((num_experts, hidden, inter)),
+    )
 
 
 @dispatch_mlp_swiglu_combine_bwd_bf16.register_fake
 def _(*args, group_name=""):
     w_shared_gate, w_routed_gate, x, peer_rank = args[8], args[9], args[21], args[23]
-    return _fake_outputs(x, w_shared_gate, peer_rank.shape[0], w_routed_gate.shape[0],
-                         w_routed_gate.shape[1])
+    return _fake_outputs(
+        x, w_shared_gate, peer_rank.shape[0], w_routed_gate.shape[0], w_routed_gate.shape[1]
+    )
 
 
 @dispatch_mlp_swiglu_combine_bwd_mxfp8.register_fake
 def _(*args, group_name=""):
     w_shared_gate, w_routed_gate, x, peer_rank = args[8], args[30], args[28], args[34]
-    return _fake_outputs(x, w_shared_gate, peer_rank.shape[0], w_routed_gate.shape[0],
-                         w_routed_gate.shape[1])
+    return _fake_outputs(
+        x, w_shared_gate, peer_rank.shape[0], w_routed_gate.shape[0], w_routed_gate.shape[1]
+    )

@@ -25,14 +25,30 @@ def _common(x, schedule, topk, swiglu_limit):
     return capacity
 
 
-@torch.library.custom_op("mok::dispatch_mlp_swiglu_combine_fwd_bf16", mutates_args=("combine_buffer",))
+@torch.library.custom_op(
+    "mok::dispatch_mlp_swiglu_combine_fwd_bf16", mutates_args=("combine_buffer",)
+)
 def dispatch_mlp_swiglu_combine_fwd_bf16(
-    x: Tensor, x_ptrs: list[int], combine_buffer: Tensor, combine_buffer_ptrs: list[int],
-    w_shared_gate: OptTensor, w_routed_gate: Tensor, w_shared_up: OptTensor, w_routed_up: Tensor,
-    w_shared_down: OptTensor, w_routed_down: Tensor,
-    schedule_peer_rank: Tensor, schedule_peer_token_idx: Tensor, num_tokens: Tensor,
-    tokens_per_expert: Tensor, topk: int, swiglu_limit: float | None, num_comm_sms: int,
-    macrobatch_size: int, minibatch_size: int, group_name: str = "",
+    x: Tensor,
+    x_ptrs: list[int],
+    combine_buffer: Tensor,
+    combine_buffer_ptrs: list[int],
+    w_shared_gate: OptTensor,
+    w_routed_gate: Tensor,
+    w_shared_up: OptTensor,
+    w_routed_up: Tensor,
+    w_shared_down: OptTensor,
+    w_routed_down: Tensor,
+    schedule_peer_rank: Tensor,
+    schedule_peer_token_idx: Tensor,
+    num_tokens: Tensor,
+    tokens_per_expert: Tensor,
+    topk: int,
+    swiglu_limit: float | None,
+    num_comm_sms: int,
+    macrobatch_size: int,
+    minibatch_size: int,
+    group_name: str = "",
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """BF16 forward. Outputs: x_routed, gate_shared, gate_routed, up_shared, up_routed,
     hidden_shared, hidden_routed, y_shared, y_routed (routed: bf16 [C, H] / [C, I])."""
@@ -60,9 +76,17 @@ def _(x, x_ptrs, combine_buffer, combine_buffer_ptrs, w_shared_gate, w_routed_ga
     routed_i = x.new_empty((capacity, inter))
     shared_i = x.new_empty((x.shape[0], inter) if shared else (0,))
     y_s = x.new_empty(x.shape if shared else (0,))
-    return (x.new_empty((capacity, x.shape[1])), shared_i, routed_i, _like(shared_i),
-            torch.empty_like(routed_i), _like(shared_i), torch.empty_like(routed_i), y_s,
-            x.new_empty((capacity, x.shape[1])))
+    return (
+        x.new_empty((capacity, x.shape[1])),
+        shared_i,
+        routed_i,
+        _like(shared_i),
+        torch.empty_like(routed_i),
+        _like(shared_i),
+        torch.empty_like(routed_i),
+        y_s,
+        x.new_empty((capacity, x.shape[1])),
+    )
 
 
 def _like(t):
@@ -74,24 +98,58 @@ def present(outputs, like: Tensor) -> tuple[Tensor, ...]:
     return tuple(like.new_empty((0,)) if t is None else t for t in outputs)
 
 
-@torch.library.custom_op("mok::dispatch_mlp_swiglu_combine_fwd_mxfp8", mutates_args=("combine_buffer",))
+@torch.library.custom_op(
+    "mok::dispatch_mlp_swiglu_combine_fwd_mxfp8", mutates_args=("combine_buffer",)
+)
 def dispatch_mlp_swiglu_combine_fwd_mxfp8(
-    x: Tensor, x_ptrs: list[int], combine_buffer: Tensor, combine_buffer_ptrs: list[int],
-    w_shared_gate: OptTensor, w_routed_gate: Tensor, w_routed_gate_sc: Tensor,
-    w_shared_up: OptTensor, w_routed_up: Tensor, w_routed_up_sc: Tensor,
-    w_shared_down: OptTensor, w_routed_down: Tensor, w_routed_down_sc: Tensor,
-    schedule_peer_rank: Tensor, schedule_peer_token_idx: Tensor, num_tokens: Tensor,
-    tokens_per_expert: Tensor, topk: int, swiglu_limit: float | None, num_comm_sms: int,
-    macrobatch_size: int, minibatch_size: int, group_name: str = "",
-) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
-           Tensor, Tensor, Tensor]:
+    x: Tensor,
+    x_ptrs: list[int],
+    combine_buffer: Tensor,
+    combine_buffer_ptrs: list[int],
+    w_shared_gate: OptTensor,
+    w_routed_gate: Tensor,
+    w_routed_gate_sc: Tensor,
+    w_shared_up: OptTensor,
+    w_routed_up: Tensor,
+    w_routed_up_sc: Tensor,
+    w_shared_down: OptTensor,
+    w_routed_down: Tensor,
+    w_routed_down_sc: Tensor,
+    schedule_peer_rank: Tensor,
+    schedule_peer_token_idx: Tensor,
+    num_tokens: Tensor,
+    tokens_per_expert: Tensor,
+    topk: int,
+    swiglu_limit: float | None,
+    num_comm_sms: int,
+    macrobatch_size: int,
+    minibatch_size: int,
+    group_name: str = "",
+) -> tuple[
+    Tensor,
+    Tensor,
+    Tensor,
+    Tensor,
+    Tensor,
+    Tensor,
+    Tensor,
+    Tensor,
+    Tensor,
+    Tensor,
+    Tensor,
+    Tensor,
+    Tensor,
+]:
     """MXFP8 forward. Outputs: x_fp8_t_routed [H, C], x_sc_t_routed, gate_shared,
     gate_fp8_routed [C, I], gate_sc_routed, up_shared, up_fp8_routed, up_sc_routed,
     hidden_shared, hidden_fp8_t_routed [I, C], hidden_sc_t_routed, y_shared, y_routed."""
     schedule = (schedule_peer_rank, schedule_peer_token_idx, num_tokens, tokens_per_expert)
     _common(x, schedule, topk, swiglu_limit)
-    routed = ((w_routed_gate, w_routed_gate_sc), (w_routed_up, w_routed_up_sc),
-              (w_routed_down, w_routed_down_sc))
+    routed = (
+        (w_routed_gate, w_routed_gate_sc),
+        (w_routed_up, w_routed_up_sc),
+        (w_routed_down, w_routed_down_sc),
+    )
     _validate.check_routed_mxfp8(routed, x.shape[1], x.device, backward=False)
     shared = _shared(w_shared_gate, w_shared_up, w_shared_down)
     saved, y, shared_out = reference_moe.forward(
@@ -112,6 +170,14 @@ def _(x, x_ptrs, combine_buffer, combine_buffer_ptrs, w_shared_gate, w_routed_ga
         return data, x.new_empty((rows // 128, cols // 128, 32, 16), dtype=torch.uint8)
 
     y_s = x.new_empty(x.shape if w_shared_gate is not None else (0,))
-    return (*pair(hidden, capacity), shared, *pair(capacity, inter), _like(shared),
-            *pair(capacity, inter), _like(shared), *pair(inter, capacity), y_s,
-            x.new_empty((capacity, hidden)))
+    return (
+        *pair(hidden, capacity),
+        shared,
+        *pair(capacity, inter),
+        _like(shared),
+        *pair(capacity, inter),
+        _like(shared),
+        *pair(inter, capacity),
+        y_s,
+        x.new_empty((capacity, hidden)),
+    )

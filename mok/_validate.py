@@ -26,16 +26,24 @@ def check_limit(swiglu_limit: float | None) -> None:
 def check_schedule(peer_rank, peer_token_idx, num_tokens, tokens_per_expert, device):
     """Returns (capacity C, local experts E)."""
     i32 = torch.int32
-    peer_rank = check_tensor("schedule_peer_rank", peer_rank, dtype=i32, shape=(None,),
-                             dims=("C",), device=device)
+    peer_rank = check_tensor(
+        "schedule_peer_rank", peer_rank, dtype=i32, shape=(None,), dims=("C",), device=device
+    )
     capacity = peer_rank.shape[0]
     if capacity % 256:
         raise ValueError(f"`schedule_peer_rank` length must be a multiple of 256, got {capacity}")
-    check_tensor("schedule_peer_token_idx", peer_token_idx, dtype=i32, shape=(capacity,),
-                 dims=("C",), device=device)
+    check_tensor(
+        "schedule_peer_token_idx",
+        peer_token_idx,
+        dtype=i32,
+        shape=(capacity,),
+        dims=("C",),
+        device=device,
+    )
     check_tensor("num_tokens", num_tokens, dtype=i32, shape=(1,), device=device)
-    check_tensor("tokens_per_expert", tokens_per_expert, dtype=i32, shape=(None,), dims=("E",),
-                 device=device)
+    check_tensor(
+        "tokens_per_expert", tokens_per_expert, dtype=i32, shape=(None,), dims=("E",), device=device
+    )
     return capacity, tokens_per_expert.shape[0]
 
 
@@ -53,27 +61,53 @@ def check_shared(shared, hidden: int, inter: int | None, device) -> int | None:
         return inter
     if any(w is None for w in shared):
         raise ValueError("shared expert weights must be all None or all tensors")
-    gate = check_tensor("shared_gate_weights", shared[0], dtype=BF16, shape=(None, hidden),
-                        dims=("I", "H"), device=device)
+    gate = check_tensor(
+        "shared_gate_weights",
+        shared[0],
+        dtype=BF16,
+        shape=(None, hidden),
+        dims=("I", "H"),
+        device=device,
+    )
     inter = gate.shape[0] if inter is None else inter
     check_tensor("shared_gate_weights", gate, dtype=BF16, shape=(inter, hidden), dims=("I", "H"))
-    check_tensor("shared_up_weights", shared[1], dtype=BF16, shape=(inter, hidden),
-                 dims=("I", "H"), device=device)
-    check_tensor("shared_down_weights", shared[2], dtype=BF16, shape=(hidden, inter),
-                 dims=("H", "I"), device=device)
+    check_tensor(
+        "shared_up_weights",
+        shared[1],
+        dtype=BF16,
+        shape=(inter, hidden),
+        dims=("I", "H"),
+        device=device,
+    )
+    check_tensor(
+        "shared_down_weights",
+        shared[2],
+        dtype=BF16,
+        shape=(hidden, inter),
+        dims=("H", "I"),
+        device=device,
+    )
     return inter
 
 
 def check_routed_bf16(routed, hidden: int, device) -> tuple[int, int]:
     """routed = (gate, up, down) bf16. Returns (E, I)."""
-    gate = check_tensor("routed_gate_weights", routed[0], dtype=BF16, shape=(None, None, hidden),
-                        dims=("E", "I", "H"), device=device)
+    gate = check_tensor(
+        "routed_gate_weights",
+        routed[0],
+        dtype=BF16,
+        shape=(None, None, hidden),
+        dims=("E", "I", "H"),
+        device=device,
+    )
     num_experts, inter = gate.shape[0], gate.shape[1]
     _check_inter(inter)
-    for (name, (shape, dims)), weight in zip(_shapes(num_experts, inter, hidden).items(), routed,
-                                             strict=True):
-        check_tensor(f"routed_{name}_weights", weight, dtype=BF16, shape=shape, dims=dims,
-                     device=device)
+    for (name, (shape, dims)), weight in zip(
+        _shapes(num_experts, inter, hidden).items(), routed, strict=True
+    ):
+        check_tensor(
+            f"routed_{name}_weights", weight, dtype=BF16, shape=shape, dims=dims, device=device
+        )
     return num_experts, inter
 
 
@@ -102,8 +136,10 @@ def check_routed_mxfp8(routed, hidden: int, device, *, backward: bool) -> tuple[
     width = (4, 4, 2) if backward else (2, 2, 2)
     for name, form, size in zip(("gate", "up", "down"), routed, width, strict=True):
         if not isinstance(form, tuple | list) or len(form) != size:
-            raise TypeError(f"`routed_{name}_weights` must be a {size}-tuple in MXFP8 mode, "
-                            f"got {describe(form)}")
+            raise TypeError(
+                f"`routed_{name}_weights` must be a {size}-tuple in MXFP8 mode, "
+                f"got {describe(form)}"
+            )
     first = routed[0][0]
     if not isinstance(first, torch.Tensor) or first.dim() != 3:
         raise ValueError(f"`routed_gate_weights[0]` must be fp8 [E, I, H], got {describe(first)}")
@@ -112,12 +148,18 @@ def check_routed_mxfp8(routed, hidden: int, device, *, backward: bool) -> tuple[
     shapes = _shapes(num_experts, inter, hidden)
     for name in ("gate", "up"):
         shape, dims = shapes[name]
-        check_mx_pair(f"routed_{name}_weights", routed[("gate", "up").index(name)][:2], shape,
-                      dims, device)
+        check_mx_pair(
+            f"routed_{name}_weights", routed[("gate", "up").index(name)][:2], shape, dims, device
+        )
         if backward:
             t_shape = (num_experts, hidden, inter)
-            check_mx_pair(f"routed_{name}_weights[2:]", routed[("gate", "up").index(name)][2:],
-                          t_shape, ("E", "H", "I"), device)
+            check_mx_pair(
+                f"routed_{name}_weights[2:]",
+                routed[("gate", "up").index(name)][2:],
+                t_shape,
+                ("E", "H", "I"),
+                device,
+            )
     down_shape, down_dims = shapes["down"]
     if backward:
         down_shape, down_dims = (num_experts, inter, hidden), ("E", "I", "H")

@@ -20,9 +20,19 @@ from mok.workspace import (
 )
 
 __all__ = [
-    "MoKConfig", "MoKForwardContext", "MoKSchedule", "MoKWorkspace", "backward",
-    "build_schedule", "check_status", "clear_workspace_cache", "create_workspace", "forward",
-    "get_workspace", "validate_inputs", "validate_workspace_args",
+    "MoKConfig",
+    "MoKForwardContext",
+    "MoKSchedule",
+    "MoKWorkspace",
+    "backward",
+    "build_schedule",
+    "check_status",
+    "clear_workspace_cache",
+    "create_workspace",
+    "forward",
+    "get_workspace",
+    "validate_inputs",
+    "validate_workspace_args",
 ]
 
 
@@ -49,9 +59,20 @@ class MoKForwardContext:
 
 
 def validate_inputs(
-    config, workspace, schedule, x, router_weights, shared_gate_weights, shared_up_weights,
-    shared_down_weights, routed_gate_weights, routed_up_weights, routed_down_weights,
-    swiglu_limit=None, *, backward: bool = False,
+    config,
+    workspace,
+    schedule,
+    x,
+    router_weights,
+    shared_gate_weights,
+    shared_up_weights,
+    shared_down_weights,
+    routed_gate_weights,
+    routed_up_weights,
+    routed_down_weights,
+    swiglu_limit=None,
+    *,
+    backward: bool = False,
 ) -> bool:
     """Check every argument of forward (or backward); returns True in MXFP8 mode."""
     if not isinstance(config, MoKConfig):
@@ -62,15 +83,24 @@ def validate_inputs(
         raise TypeError(f"`schedule` must be a MoKSchedule, got {describe(schedule)}")
     ws = workspace
     tokens, hidden, device = ws.num_local_tokens, ws.hidden_size, ws.device
-    check_tensor("x", x, dtype=torch.bfloat16, shape=(tokens, hidden), dims=("T", "H"),
-                 device=device)
-    check_tensor("router_weights", router_weights, dtype=torch.float32, shape=(tokens, ws.topk),
-                 dims=("T", "k"), device=device)
+    check_tensor(
+        "x", x, dtype=torch.bfloat16, shape=(tokens, hidden), dims=("T", "H"), device=device
+    )
+    check_tensor(
+        "router_weights",
+        router_weights,
+        dtype=torch.float32,
+        shape=(tokens, ws.topk),
+        dims=("T", "k"),
+        device=device,
+    )
     _validate.check_limit(swiglu_limit)
     capacity, sched_experts = _validate.check_schedule(*schedule.as_tuple(), device)
     if capacity != ws.schedule_rows(sched_experts):
-        raise ValueError(f"`schedule` has {capacity} rows but this workspace builds "
-                         f"{ws.schedule_rows(sched_experts)}: build it with this workspace")
+        raise ValueError(
+            f"`schedule` has {capacity} rows but this workspace builds "
+            f"{ws.schedule_rows(sched_experts)}: build it with this workspace"
+        )
     routed = (routed_gate_weights, routed_up_weights, routed_down_weights)
     mxfp8 = _validate.is_mxfp8(routed_gate_weights)
     if mxfp8:
@@ -78,17 +108,28 @@ def validate_inputs(
     else:
         experts, inter = _validate.check_routed_bf16(routed, hidden, device)
     if experts != sched_experts:
-        raise ValueError(f"routed weights hold {experts} local experts but `schedule` was built "
-                         f"for num_local_experts={sched_experts}")
+        raise ValueError(
+            f"routed weights hold {experts} local experts but `schedule` was built "
+            f"for num_local_experts={sched_experts}"
+        )
     shared = (shared_gate_weights, shared_up_weights, shared_down_weights)
     _validate.check_shared(shared, hidden, inter, device)
     return mxfp8
 
 
 def forward(
-    config: MoKConfig, workspace: MoKWorkspace, schedule: MoKSchedule, x: torch.Tensor,
-    router_weights: torch.Tensor, shared_gate_weights, shared_up_weights, shared_down_weights,
-    routed_gate_weights, routed_up_weights, routed_down_weights, swiglu_limit=None,
+    config: MoKConfig,
+    workspace: MoKWorkspace,
+    schedule: MoKSchedule,
+    x: torch.Tensor,
+    router_weights: torch.Tensor,
+    shared_gate_weights,
+    shared_up_weights,
+    shared_down_weights,
+    routed_gate_weights,
+    routed_up_weights,
+    routed_down_weights,
+    swiglu_limit=None,
 ) -> tuple[torch.Tensor, MoKForwardContext]:
     """out[t] = shared(x_t) + sum_k rw[t, k] * expert_{e(t, k)}(x_t); returns (out, ctx).
 
@@ -102,15 +143,31 @@ def forward(
     [E, I, H], down [E, H, I] (BF16 mode), or (fp8, scale) pairs from ops.mxfp8_quantize (MXFP8).
     """
     mxfp8 = validate_inputs(
-        config, workspace, schedule, x, router_weights, shared_gate_weights, shared_up_weights,
-        shared_down_weights, routed_gate_weights, routed_up_weights, routed_down_weights,
+        config,
+        workspace,
+        schedule,
+        x,
+        router_weights,
+        shared_gate_weights,
+        shared_up_weights,
+        shared_down_weights,
+        routed_gate_weights,
+        routed_up_weights,
+        routed_down_weights,
         swiglu_limit,
     )
     ws = workspace
     ws.x_buffer.copy_(x)
     head = (ws.x_buffer, ws.x_buffer_ptrs, ws.combine_buffer, ws.combine_buffer_ptrs)
-    tail = (*schedule.as_tuple(), ws.topk, swiglu_limit, config.fwd_num_comm_sms,
-            config.macrobatch_size, config.minibatch_size, ws.group_name)
+    tail = (
+        *schedule.as_tuple(),
+        ws.topk,
+        swiglu_limit,
+        config.fwd_num_comm_sms,
+        config.macrobatch_size,
+        config.minibatch_size,
+        ws.group_name,
+    )
     shared = (shared_gate_weights, shared_up_weights, shared_down_weights)
     if mxfp8:
         weights = _interleave(shared, routed_gate_weights, routed_up_weights, routed_down_weights)
@@ -119,8 +176,9 @@ def forward(
         ctx = MoKForwardContext(out[0:2], out[2], out[3:5], out[5], out[6:8], out[8], out[9:11])
         y_shared = out[11]
     else:
-        weights = _interleave(shared, (routed_gate_weights,), (routed_up_weights,),
-                              (routed_down_weights,))
+        weights = _interleave(
+            shared, (routed_gate_weights,), (routed_up_weights,), (routed_down_weights,)
+        )
         out = ops.dispatch_mlp_swiglu_combine_fwd_bf16(*head, *weights, *tail)
         out = _absent_to_none(out, shared_gate_weights, (1, 3, 5, 7))
         ctx = MoKForwardContext(*out[:7])
@@ -148,10 +206,20 @@ def _debug_check(workspace: MoKWorkspace) -> None:
 
 
 def backward(
-    config: MoKConfig, workspace: MoKWorkspace, schedule: MoKSchedule,
-    forward_context: MoKForwardContext, grad_output: torch.Tensor, x: torch.Tensor,
-    router_weights: torch.Tensor, shared_gate_weights, shared_up_weights, shared_down_weights,
-    routed_gate_weights, routed_up_weights, routed_down_weights, swiglu_limit=None,
+    config: MoKConfig,
+    workspace: MoKWorkspace,
+    schedule: MoKSchedule,
+    forward_context: MoKForwardContext,
+    grad_output: torch.Tensor,
+    x: torch.Tensor,
+    router_weights: torch.Tensor,
+    shared_gate_weights,
+    shared_up_weights,
+    shared_down_weights,
+    routed_gate_weights,
+    routed_up_weights,
+    routed_down_weights,
+    swiglu_limit=None,
 ):
     """Gradients of forward. Returns, in order: d_x bf16 [T, H], d_router_weights fp32 [T, k],
     d_routed_gate [E, I, H], d_routed_up [E, I, H], d_routed_down [E, H, I], d_shared_gate,
@@ -160,39 +228,85 @@ def backward(
     MXFP8 weight forms: gate and up (fp8, scale, fp8_t, scale_t), down (fp8_t, scale_t).
     """
     mxfp8 = validate_inputs(
-        config, workspace, schedule, x, router_weights, shared_gate_weights, shared_up_weights,
-        shared_down_weights, routed_gate_weights, routed_up_weights, routed_down_weights,
-        swiglu_limit, backward=True,
+        config,
+        workspace,
+        schedule,
+        x,
+        router_weights,
+        shared_gate_weights,
+        shared_up_weights,
+        shared_down_weights,
+        routed_gate_weights,
+        routed_up_weights,
+        routed_down_weights,
+        swiglu_limit,
+        backward=True,
     )
     if not isinstance(forward_context, MoKForwardContext):
-        raise TypeError(f"`forward_context` must be a MoKForwardContext, "
-                        f"got {describe(forward_context)}")
+        raise TypeError(
+            f"`forward_context` must be a MoKForwardContext, got {describe(forward_context)}"
+        )
     ws = workspace
-    check_tensor("grad_output", grad_output, dtype=torch.bfloat16,
-                 shape=(ws.num_local_tokens, ws.hidden_size), dims=("T", "H"), device=ws.device)
+    check_tensor(
+        "grad_output",
+        grad_output,
+        dtype=torch.bfloat16,
+        shape=(ws.num_local_tokens, ws.hidden_size),
+        dims=("T", "H"),
+        device=ws.device,
+    )
     ws.d_y_buffer.copy_(grad_output)
     ws.router_weight_buffer.copy_(router_weights)
     ws.x_buffer.copy_(x)
-    head = (ws.d_y_buffer, ws.d_y_buffer_ptrs, ws.d_x_routed_buffer, ws.d_x_routed_buffer_ptrs,
-            ws.router_weight_buffer, ws.router_weight_buffer_ptrs, ws.d_router_weight_buffer,
-            ws.d_router_weight_buffer_ptrs)
-    tail = (*schedule.as_tuple(), ws.topk, swiglu_limit, config.bwd_num_comm_sms,
-            config.macrobatch_size, config.minibatch_size, ws.group_name)
+    head = (
+        ws.d_y_buffer,
+        ws.d_y_buffer_ptrs,
+        ws.d_x_routed_buffer,
+        ws.d_x_routed_buffer_ptrs,
+        ws.router_weight_buffer,
+        ws.router_weight_buffer_ptrs,
+        ws.d_router_weight_buffer,
+        ws.d_router_weight_buffer_ptrs,
+    )
+    tail = (
+        *schedule.as_tuple(),
+        ws.topk,
+        swiglu_limit,
+        config.bwd_num_comm_sms,
+        config.macrobatch_size,
+        config.minibatch_size,
+        ws.group_name,
+    )
     shared = (shared_gate_weights, shared_up_weights, shared_down_weights)
     c = forward_context
     if mxfp8:
         gate, up, down = routed_gate_weights, routed_up_weights, routed_down_weights
         weights = _interleave(shared, gate[2:], up[2:], down)
-        saved = (*c.x_routed, c.gate_shared, *c.gate_routed, c.up_shared, *c.up_routed,
-                 c.hidden_shared, *c.hidden_routed)
+        saved = (
+            *c.x_routed,
+            c.gate_shared,
+            *c.gate_routed,
+            c.up_shared,
+            *c.up_routed,
+            c.hidden_shared,
+            *c.hidden_routed,
+        )
         out = ops.dispatch_mlp_swiglu_combine_bwd_mxfp8(
             *head, *weights, *saved, ws.x_buffer, ws.x_buffer_ptrs, *gate[:2], *up[:2], *tail
         )
     else:
-        weights = _interleave(shared, (routed_gate_weights,), (routed_up_weights,),
-                              (routed_down_weights,))
-        saved = (c.x_routed, c.gate_shared, c.gate_routed, c.up_shared, c.up_routed,
-                 c.hidden_shared, c.hidden_routed)
+        weights = _interleave(
+            shared, (routed_gate_weights,), (routed_up_weights,), (routed_down_weights,)
+        )
+        saved = (
+            c.x_routed,
+            c.gate_shared,
+            c.gate_routed,
+            c.up_shared,
+            c.up_routed,
+            c.hidden_shared,
+            c.hidden_routed,
+        )
         out = ops.dispatch_mlp_swiglu_combine_bwd_bf16(
             *head, *weights, *saved, ws.x_buffer, ws.x_buffer_ptrs, *tail
         )

@@ -24,7 +24,9 @@ from mok._moe_ops import (  # noqa: F401
 from mok.backends import reference
 
 
-@torch.library.custom_op("mok::all_gather_top_experts", mutates_args=("all_gather_top_experts_buffer",))
+@torch.library.custom_op(
+    "mok::all_gather_top_experts", mutates_args=("all_gather_top_experts_buffer",)
+)
 def all_gather_top_experts(
     top_experts: torch.Tensor,
     all_gather_top_experts_buffer: torch.Tensor,
@@ -45,8 +47,12 @@ def all_gather_top_experts(
     buffer = all_gather_top_experts_buffer
     check_tensor("top_experts", top_experts, dtype=torch.int32, shape=(None, None), dims=("T", "k"))
     check_tensor(
-        "all_gather_top_experts_buffer", buffer, dtype=torch.int32,
-        shape=(None, *top_experts.shape), dims=("EP", "T", "k"), device=top_experts.device,
+        "all_gather_top_experts_buffer",
+        buffer,
+        dtype=torch.int32,
+        shape=(None, *top_experts.shape),
+        dims=("EP", "T", "k"),
+        device=top_experts.device,
     )
     if not 0 <= rank < buffer.shape[0]:
         raise ValueError(f"`rank` must be in [0, {buffer.shape[0]}), got {rank}")
@@ -95,8 +101,9 @@ def schedule(
 
     `status` (int32 [1], mok) records a capacity overflow instead of trapping.
     """
-    check_tensor("topk_all", topk_all, dtype=torch.int32, shape=(None, None, None),
-                 dims=("EP", "T", "k"))
+    check_tensor(
+        "topk_all", topk_all, dtype=torch.int32, shape=(None, None, None), dims=("EP", "T", "k")
+    )
     if schedule_capacity <= 0 or schedule_capacity % 256:
         raise ValueError(
             f"`schedule_capacity` must be a positive multiple of 256, got {schedule_capacity}"
@@ -109,8 +116,11 @@ def schedule(
 @schedule.register_fake
 def _(topk_all, num_local_experts, schedule_capacity, rank, status):
     index = topk_all.new_empty((schedule_capacity,))
-    return index, torch.empty_like(index), topk_all.new_empty((1,)), topk_all.new_empty(
-        (num_local_experts,)
+    return (
+        index,
+        torch.empty_like(index),
+        topk_all.new_empty((1,)),
+        topk_all.new_empty((num_local_experts,)),
     )
 
 
@@ -179,8 +189,9 @@ def _(y_shared, combine_buffer, topk_weights):
 
 
 @torch.library.custom_op("mok::bwd_epilogue", mutates_args=())
-def bwd_epilogue(d_x_shared: torch.Tensor | None, d_x_routed_buffer: torch.Tensor, topk: int
-                 ) -> torch.Tensor:
+def bwd_epilogue(
+    d_x_shared: torch.Tensor | None, d_x_routed_buffer: torch.Tensor, topk: int
+) -> torch.Tensor:
     """d_x[t] = bf16(d_x_shared[t] + sum_j d_x_routed_buffer[t * k + j]), fp32, j in order."""
     routed = d_x_routed_buffer.float().reshape(-1, topk, d_x_routed_buffer.shape[1])
     total = torch.zeros_like(routed[:, 0]) if d_x_shared is None else d_x_shared.float()
@@ -191,4 +202,6 @@ def bwd_epilogue(d_x_shared: torch.Tensor | None, d_x_routed_buffer: torch.Tenso
 
 @bwd_epilogue.register_fake
 def _(d_x_shared, d_x_routed_buffer, topk):
-    return d_x_routed_buffer.new_empty((d_x_routed_buffer.shape[0] // topk, d_x_routed_buffer.shape[1]))
+    return d_x_routed_buffer.new_empty(
+        (d_x_routed_buffer.shape[0] // topk, d_x_routed_buffer.shape[1])
+    )

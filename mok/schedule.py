@@ -52,20 +52,32 @@ def build_schedule(
     if not isinstance(config, MoKConfig):
         raise TypeError(f"`config` must be a MoKConfig, got {describe(config)}")
     ws = workspace
-    check_tensor("top_experts", top_experts, dtype=torch.int64,
-                 shape=(ws.num_local_tokens, ws.topk), dims=("T", "k"), device=ws.device)
+    check_tensor(
+        "top_experts",
+        top_experts,
+        dtype=torch.int64,
+        shape=(ws.num_local_tokens, ws.topk),
+        dims=("T", "k"),
+        device=ws.device,
+    )
     check_range("num_local_experts", num_local_experts, 1, (2**31 - 1) // ws.ep_size)
     num_experts = ws.ep_size * num_local_experts
     valid = (top_experts >= 0) & (top_experts < num_experts)
     device_status.record(ws.status, device_status.INVALID_EXPERT_ID, ~valid)
     routing = torch.where(valid, top_experts, -1).to(torch.int32)
     ops.all_gather_top_experts(
-        routing, ws.all_gather_top_experts_buffer, 0, ws.ep_rank,
-        config.all_gather_top_experts_chunk_bytes, ws.group_name,
+        routing,
+        ws.all_gather_top_experts_buffer,
+        0,
+        ws.ep_rank,
+        config.all_gather_top_experts_chunk_bytes,
+        ws.group_name,
     )
     result = ops.schedule(
-        ws.all_gather_top_experts_buffer, num_local_experts,
-        ws.schedule_rows(num_local_experts), ws.ep_rank,
+        ws.all_gather_top_experts_buffer,
+        num_local_experts,
+        ws.schedule_rows(num_local_experts),
+        ws.ep_rank,
         ws.status,
     )
     if device_status.debug_enabled():

@@ -12,7 +12,6 @@ import torch
 import torch.distributed as dist
 
 from mok import status as device_status
-from mok.backends import reference_experts as experts
 
 
 def resolve_group(group_name: str) -> dist.ProcessGroup:

@@ -4,17 +4,17 @@ Rows are grouped by local expert in 256-row padded segments (`row_expert[i]` is 
 of row i, -1 past `num_tokens`); padding rows are zero, so they contribute exact zeros everywhere.
 Every product accumulates in fp32 and is rounded to bf16 exactly where a kernel stores a tensor:
 
-| stored tensor       | BF16 mode                              | MXFP8 mode (q(v) = dequant(quant(v)))     |
-|---------------------|----------------------------------------|-------------------------------------------|
-| gate, up            | bf16(x @ W^T)                          | bf16(q_H(x) @ q_H(W)^T), saved as MXFP8   |
-| hidden              | bf16(silu(clamp g) * clamp u)          | same, saved transposed as MXFP8           |
-| y (expert output)   | bf16(hidden @ W_d^T)                   | bf16(q_I(hidden) @ q_I(W_d)^T)            |
-| d_h (unscaled)      | d_out @ W_d                            | q_H(d_out) @ q_H(W_d^T)^T                 |
-| d_router_weight     | sum_I d_h * hidden                     | sum_I d_h * q(hidden)                     |
-| d_gate, d_up        | bf16(SwiGLU' of rw * d_h)              | same, from the saved MXFP8 gate and up    |
-| d_x                 | bf16(d_gate @ W_g + d_up @ W_u)        | bf16(q_I(d_gate) @ q_I(W_g) + ...)        |
-| d_W_gate, d_W_up    | bf16(d_gate^T x)                       | bf16(q_T(d_gate)^T q_T(x)), blocks of rows|
-| d_W_down            | bf16(bf16(rw * d_out)^T hidden)        | bf16(q_T(d_y)^T q_T(hidden))              |
+| stored tensor     | BF16 mode                   | MXFP8 mode (q(v) = dequant(quant(v)))   |
+|-------------------|-----------------------------|-----------------------------------------|
+| gate, up          | bf16(x @ W^T)               | bf16(q_H(x) @ q_H(W)^T), saved as MXFP8 |
+| hidden            | bf16(silu(min(g,L))*clamp u)| same; saved transposed as MXFP8         |
+| y (expert output) | bf16(hidden @ W_d^T)        | bf16(q_I(hidden) @ q_I(W_d)^T)          |
+| d_h (unscaled)    | d_out @ W_d                 | q_H(d_out) @ q_H(W_d^T)^T               |
+| d_router_weight   | sum_I d_h * hidden          | sum_I d_h * q_T(hidden)                 |
+| d_gate, d_up      | bf16(SwiGLU' of rw * d_h)   | same, from the saved MXFP8 gate and up  |
+| d_x               | bf16(d_gate @ W_g + d_up @ W_u) | bf16(q_I(d_gate) @ q_I(W_g) + ...)  |
+| d_W_gate, d_W_up  | bf16(d_gate^T x)            | bf16(q_T(d_gate)^T q_T(x))              |
+| d_W_down          | bf16(bf16(rw * d_out)^T hidden) | bf16(q_T(d_y)^T q_T(hidden))        |
 
 q_H / q_I quantize along the hidden / intermediate dim (the GEMM's reduction dim), q_T along
 rows (tokens), the reduction dim of the weight gradients. The shared expert is always BF16.
@@ -37,7 +37,7 @@ def row_experts(tokens_per_expert: torch.Tensor, num_tokens: torch.Tensor, rows:
 
 
 def grouped_linear(a: torch.Tensor, weight: torch.Tensor, row_expert: torch.Tensor):
-    """fp32 `a[i] @ weight[row_expert[i]]^T` for a [R, K], weight [E, N, K]; zero for row_expert -1."""
+    """fp32 `a[i] @ weight[row_expert[i]]^T` for a [R, K], weight [E, N, K]; 0 where it is -1."""
     out = torch.zeros(a.shape[0], weight.shape[1], dtype=torch.float32, device=a.device)
     for expert in range(weight.shape[0]):
         rows = (row_expert == expert)[:, None]
@@ -129,7 +129,9 @@ def backward_bf16(d_out_rows, rw_rows, x_rows, gate, up, hidden, weights, row_ex
     """
     w_gate, w_up, w_down = weights
     d_h = grouped_linear(d_out_rows, w_down.transpose(1, 2), row_expert)
-    return _backward_tail(d_h, d_out_rows, rw_rows, x_rows, gate, up, hidden, weights, row_expert, limit, False)
+    return _backward_tail(
+        d_h, d_out_rows, rw_rows, x_rows, gate, up, hidden, weights, row_expert, limit, False
+    )
 
 
 def backward_mxfp8(d_out_rows, rw_rows, ctx, weights, row_expert, limit):
@@ -143,8 +145,17 @@ def backward_mxfp8(d_out_rows, rw_rows, ctx, weights, row_expert, limit):
     hidden = _dequant(hidden_t).T
     dense = (_dequant((g_t, g_t_sc)).transpose(1, 2), _dequant((u_t, u_t_sc)).transpose(1, 2), None)
     return _backward_tail(
-        d_h, d_out_rows, rw_rows, x_rows, _dequant(gate_q), _dequant(up_q), hidden, dense,
-        row_expert, limit, True,
+        d_h,
+        d_out_rows,
+        rw_rows,
+        x_rows,
+        _dequant(gate_q),
+        _dequant(up_q),
+        hidden,
+        dense,
+        row_expert,
+        limit,
+        True,
     )
 
 
@@ -159,8 +170,10 @@ def _backward_tail(d_h, d_out, rw, x, gate, up, hidden, weights, row_expert, lim
     d_x = grouped_linear(dgrad_in[0], w_gate.transpose(1, 2), row_expert)
     d_x = (d_x + grouped_linear(dgrad_in[1], w_up.transpose(1, 2), row_expert)).to(torch.bfloat16)
     d_y = (rw[:, None] * d_out.float()).to(torch.bfloat16)
-    wgrad_in = (mx_round_rows(d_gate), mx_round_rows(d_up), mx_round_rows(d_y)) if mx else (
-        d_gate, d_up, d_y
+    wgrad_in = (
+        (mx_round_rows(d_gate), mx_round_rows(d_up), mx_round_rows(d_y))
+        if mx
+        else (d_gate, d_up, d_y)
     )
     d_w_gate = grouped_weight_grad(wgrad_in[0], x, row_expert, num_experts)
     d_w_up = grouped_weight_grad(wgrad_in[1], x, row_expert, num_experts)

@@ -46,8 +46,20 @@ def forward(x, combine_buffer, shared, routed, schedule, topk, limit, group_name
     return saved, y, _shared_forward(x, shared, limit)
 
 
-def backward(grads, buffers, shared, routed, saved, shared_saved, x, schedule, topk, limit,
-             group_name, mxfp8: bool):
+def backward(
+    grads,
+    buffers,
+    shared,
+    routed,
+    saved,
+    shared_saved,
+    x,
+    schedule,
+    topk,
+    limit,
+    group_name,
+    mxfp8: bool,
+):
     """One backward pass.
 
     grads = (d_y_buffer, router_weight_buffer) of this rank; buffers = (d_x_routed_buffer,
@@ -64,9 +76,7 @@ def backward(grads, buffers, shared, routed, saved, shared_saved, x, schedule, t
     if mxfp8:
         routed_out = experts.backward_mxfp8(d_out_rows, rw_rows, saved, routed, row_expert, limit)
     else:
-        routed_out = experts.backward_bf16(
-            d_out_rows, rw_rows, *saved, routed, row_expert, limit
-        )
+        routed_out = experts.backward_bf16(d_out_rows, rw_rows, *saved, routed, row_expert, limit)
     d_x_r, d_rw, d_gate_r, d_up_r, d_hidden_r, d_w_gate, d_w_up, d_w_down = routed_out
     comm.push_rows(d_x_r, peer_rank, peer_token_idx, d_x_routed_buffer, group_name)
     comm.push_rows(d_rw, peer_rank, peer_token_idx, d_router_weight_buffer.view(-1), group_name)
@@ -74,6 +84,18 @@ def backward(grads, buffers, shared, routed, saved, shared_saved, x, schedule, t
         d_y, x, shared_saved, shared, limit
     )
     return (
-        d_x_s, d_x_r, d_gate_s, d_gate_r, d_up_s, d_up_r, d_hidden_s, d_hidden_r,
-        d_wg_s, d_w_gate, d_wu_s, d_w_up, d_wd_s, d_w_down,
+        d_x_s,
+        d_x_r,
+        d_gate_s,
+        d_gate_r,
+        d_up_s,
+        d_up_r,
+        d_hidden_s,
+        d_hidden_r,
+        d_wg_s,
+        d_w_gate,
+        d_wu_s,
+        d_w_up,
+        d_wd_s,
+        d_w_down,
     )

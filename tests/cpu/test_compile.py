@@ -17,8 +17,11 @@ def _inputs(mxfp8: bool):
     def weight(*shape):
         return (torch.randn(*shape, generator=generator) / shape[-1] ** 0.5).bfloat16()
 
-    routed = [weight(EXPERTS, INTER, HIDDEN), weight(EXPERTS, INTER, HIDDEN),
-              weight(EXPERTS, HIDDEN, INTER)]
+    routed = [
+        weight(EXPERTS, INTER, HIDDEN),
+        weight(EXPERTS, INTER, HIDDEN),
+        weight(EXPERTS, HIDDEN, INTER),
+    ]
     if mxfp8:
         gate, up, down = (torch.ops.mok.mxfp8_quantize(w, True, True) for w in routed)
         routed = [gate, up, down]
@@ -37,16 +40,23 @@ def _step(config, ws, top_experts, x, rw, grad, shared, routed, mxfp8):
     fwd_routed = [tuple(w[:2]) for w in routed] if mxfp8 else routed
     out, ctx = F.forward(config, ws, schedule, x, rw, *shared, *fwd_routed, swiglu_limit=3.0)
     bwd_routed = [tuple(routed[0]), tuple(routed[1]), tuple(routed[2][2:])] if mxfp8 else routed
-    grads = F.backward(config, ws, schedule, ctx, grad, x, rw, *shared, *bwd_routed,
-                       swiglu_limit=3.0)
+    grads = F.backward(
+        config, ws, schedule, ctx, grad, x, rw, *shared, *bwd_routed, swiglu_limit=3.0
+    )
     return out, grads
 
 
 @pytest.mark.parametrize("mxfp8", [False, True], ids=["bf16", "mxfp8"])
 def test_fullgraph_step_matches_eager(single_rank_group, mxfp8):
     config = F.MoKConfig()
-    ws = F.create_workspace(config, single_rank_group, device="cpu", num_local_tokens=TOKENS,
-                            hidden_size=HIDDEN, topk=TOPK)
+    ws = F.create_workspace(
+        config,
+        single_rank_group,
+        device="cpu",
+        num_local_tokens=TOKENS,
+        hidden_size=HIDDEN,
+        topk=TOPK,
+    )
     args = _inputs(mxfp8)
     eager = _step(config, ws, *args.values(), mxfp8)
     torch._dynamo.reset()

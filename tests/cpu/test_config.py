@@ -68,6 +68,8 @@ def test_comm_sms_must_leave_compute_sms():
     [(0.5, 2, 100, 3, 512), (1.0, 1, 1, 1, 256), (0.5, 4, 1024, 8, 16384), (0.01, 8, 64, 2, 256)],
 )
 def test_schedule_capacity(multiplier, ep, tokens, topk, rows):
-    capacity = MoKConfig(schedule_capacity_multiplier=multiplier).schedule_capacity(ep, tokens, topk)
+    capacity = MoKConfig(schedule_capacity_multiplier=multiplier).schedule_capacity(
+        ep, tokens, topk
+    )
     assert capacity == rows
     assert capacity % 256 == 0 and capacity >= tokens * topk

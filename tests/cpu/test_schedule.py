@@ -22,14 +22,19 @@ def expected_schedule(topk_all: torch.Tensor, num_local_experts: int, rank: int)
     for local in range(num_local_experts):
         wanted = rank * num_local_experts + local
         queues = [
-            [t * topk + s for t in range(tokens) for s in range(topk)
-             if topk_all[src, t, s] == wanted]
+            [
+                t * topk + s
+                for t in range(tokens)
+                for s in range(topk)
+                if topk_all[src, t, s] == wanted
+            ]
             for src in range(ep)
         ]
         segment = []
         for round_index in range(max(len(q) for q in queues)):
-            segment += [(src, q[round_index]) for src, q in enumerate(queues)
-                        if round_index < len(q)]
+            segment += [
+                (src, q[round_index]) for src, q in enumerate(queues) if round_index < len(q)
+            ]
         padded = -(-len(segment) // 256) * 256
         rows += segment + [None] * (padded - len(segment))
         per_expert.append(padded)
@@ -43,8 +48,10 @@ def run(topk_all, num_local_experts, capacity, rank):
 
 
 def as_rows(peer_rank, peer_token, count):
-    return [None if int(r) < 0 else (int(r), int(t))
-            for r, t in zip(peer_rank[:count], peer_token[:count], strict=True)]
+    return [
+        None if int(r) < 0 else (int(r), int(t))
+        for r, t in zip(peer_rank[:count], peer_token[:count], strict=True)
+    ]
 
 
 CASES = {
@@ -126,11 +133,15 @@ def test_every_route_exactly_once(ep, tokens, topk, experts, seed):
         assert word == 0
         assert int(num_tokens) == int(tpe.sum()) and (tpe % 256 == 0).all()
         rows = as_rows(peer_rank, peer_token, 8192)
-        assert all(r is None for r in rows[int(num_tokens):])
+        assert all(r is None for r in rows[int(num_tokens) :])
         seen += [row for row in rows if row is not None]
         for src, flat in (row for row in rows if row is not None):
             expert = int(topk_all[src].reshape(-1)[flat])
             assert expert // experts == rank
-    valid = [(s, f) for s in range(ep) for f in range(tokens * topk)
-             if 0 <= int(topk_all[s].reshape(-1)[f]) < ep * experts]
+    valid = [
+        (s, f)
+        for s in range(ep)
+        for f in range(tokens * topk)
+        if 0 <= int(topk_all[s].reshape(-1)[f]) < ep * experts
+    ]
     assert sorted(seen) == sorted(valid)

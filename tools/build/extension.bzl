@@ -10,11 +10,15 @@ per module by each front end with str.format, which Starlark and Python both hav
 # cudaPackages_13_0 for Nix). The PEP 517 backend refuses any other `nvcc --version`.
 CUDA_VERSION = "13.0.88"
 
-# One extension module per architecture: mok/_C_<arch>.so, compiled with only that arch's
-# -gencode so that each binary carries exactly one cubin.
+# One extension module per architecture, compiled with only that arch's -gencode so that each
+# binary carries exactly one cubin: mok/_C_sm90a<EXT_SUFFIX>, ...
 ARCHS = ["sm_90a", "sm_100a", "sm_103a"]
 
-MODULE_PREFIX = "_C_"
+MODULE_NAMES = {
+    "sm_90a": "_C_sm90a",
+    "sm_100a": "_C_sm100a",
+    "sm_103a": "_C_sm103a",
+}
 
 GENCODE = {
     "sm_90a": "arch=compute_90a,code=sm_90a",

@@ -19,7 +19,7 @@ EXTENSION_BZL = Path("tools/build/extension.bzl")
 _FIELDS: dict[str, type] = {
     "CUDA_VERSION": str,
     "ARCHS": list,
-    "MODULE_PREFIX": str,
+    "MODULE_NAMES": dict,
     "GENCODE": dict,
     "COMPUTE_CAPABILITY": dict,
     "EXTENSION_SOURCES": list,
@@ -63,7 +63,7 @@ class ExtensionSpec:
 
     cuda_version: str
     archs: tuple[str, ...]
-    module_prefix: str
+    module_names: dict[str, str]
     gencode: dict[str, str]
     compute_capability: dict[str, str]
     extension_sources: tuple[str, ...]
@@ -77,7 +77,7 @@ class ExtensionSpec:
     wheel_platform: str
 
     def module_name(self, arch: str) -> str:
-        return f"{self.module_prefix}{arch}"
+        return self.module_names[arch]
 
 
 def load_extension_spec(root: Path) -> ExtensionSpec:
@@ -90,8 +90,11 @@ def load_extension_spec(root: Path) -> ExtensionSpec:
         fields[name.lower()] = tuple(value) if kind is list else value
     spec = ExtensionSpec(**fields)
     for arch in spec.archs:
-        if arch not in spec.gencode or arch not in spec.compute_capability:
-            raise SpecError(f"{EXTENSION_BZL}: {arch} needs GENCODE and COMPUTE_CAPABILITY entries")
+        tables = (spec.module_names, spec.gencode, spec.compute_capability)
+        if any(arch not in table for table in tables):
+            raise SpecError(
+                f"{EXTENSION_BZL}: {arch} needs MODULE_NAMES, GENCODE and COMPUTE_CAPABILITY entries"
+            )
     return spec
 
 

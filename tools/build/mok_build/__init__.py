@@ -1,0 +1,151 @@
+"""mok's in-tree PEP 517 build backend (pyproject.toml: backend-path = ["tools/build"]).
+
+`pip install .`, `pip wheel .` and `python -m build` call the hooks below. They compile one
+CUDA extension module per architecture with the pinned nvcc (see toolchain.py) and write a
+byte-reproducible wheel (see archive.py). Environment knobs:
+
+  MOK_ARCHS=sm_90a[,...]  build only these archs (quick dev builds; default: all of ARCHS)
+  MOK_BUILD_JOBS=N        parallel compiler processes (default: the usable CPUs)
+  MOK_GIT_COMMIT=<sha>    commit stamped into build_info() (default: "unknown")
+  SOURCE_DATE_EPOCH=<s>   archive timestamps (default: archive.DEFAULT_EPOCH)
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from mok_build import archive, elf, metadata
+from mok_build.compile import BuildConfig, Progress, build_modules, default_jobs
+from mok_build.spec import (
+    ExtensionSpec,
+    ProjectMetadata,
+    load_extension_spec,
+    load_project,
+    pinned_requirements,
+    selected_archs,
+)
+from mok_build.toolchain import ToolchainError, clean_environment, resolve
+
+__all__ = [
+    "build_sdist",
+    "build_wheel",
+    "get_requires_for_build_sdist",
+    "get_requires_for_build_wheel",
+]
+
+PACKAGE = "mok"
+# What an sdist carries besides the package: enough to run this backend again.
+SDIST_TREES = ("csrc", "tools/build")
+SDIST_FILES = ("pyproject.toml", "README.md", "LICENSE", "requirements.in", "requirements.lock")
+# libstdc++ symbol versions allowed per manylinux glibc level (the auditwheel policies).
+_CXX_LIMITS = {
+    (2, 28): {"GLIBCXX_": (3, 4, 25), "CXXABI_": (1, 3, 11)},
+    (2, 34): {"GLIBCXX_": (3, 4, 29), "CXXABI_": (1, 3, 13)},
+}
+
+
+def _root() -> Path:
+    # Front ends run hooks with the source tree as the working directory (PEP 517).
+    return Path.cwd().resolve()
+
+
+def get_requires_for_build_wheel(config_settings=None) -> list[str]:
+    return []  # [build-system] requires already lists the pinned toolchain
+
+
+def get_requires_for_build_sdist(config_settings=None) -> list[str]:
+    return []
+
+
+def _package_files(root: Path) -> dict[str, bytes]:
+    """The pure-Python part of the package: mok/**/*.py (and py.typed), never built artifacts."""
+    files = {}
+    for path in sorted((root / PACKAGE).rglob("*")):
+        relative = path.relative_to(root).as_posix()
+        if "__pycache__" in path.parts or not path.is_file():
+            continue
+        if path.suffix == ".py" or path.name == "py.typed":
+            files[relative] = path.read_bytes()
+    return files
+
+
+def _check_platform(spec: ExtensionSpec, modules: dict[str, Path]) -> None:
+    """Every module needs no newer glibc/libstdc++ symbols than WHEEL_PLATFORM promises."""
+    parts = spec.wheel_platform.split("_")
+    glibc = (int(parts[1]), int(parts[2]))
+    limits = {"GLIBC_": glibc + (0,), **_CXX_LIMITS.get(glibc, {})}
+    for arch, path in modules.items():
+        needed = elf.required_versions(path.read_bytes())
+        for prefix, limit in limits.items():
+            found = elf.max_version(needed, prefix)
+            if found > limit:
+                raise ToolchainError(
+                    f"{path.name} ({arch}) needs {prefix}{'.'.join(map(str, found))}, more than "
+                    f"{spec.wheel_platform} allows ({prefix}{'.'.join(map(str, limit))}); build "
+                    "on an older base system or raise WHEEL_PLATFORM in tools/build/extension.bzl"
+                )
+
+
+def _compile(root: Path, project: ProjectMetadata, spec: ExtensionSpec, scratch: Path):
+    epoch = archive.source_date_epoch()
+    archs = selected_archs(spec)
+    toolchain = resolve(spec.cuda_version, pinned_requirements(project.build_requires))
+    config = BuildConfig(
+        root=root,
+        build_dir=scratch,
+        version=project.version,
+        git_commit=os.environ.get("MOK_GIT_COMMIT", "").strip() or "unknown",
+        jobs=default_jobs(os.environ),
+        env=clean_environment(os.environ, epoch),
+    )
+    progress = Progress(len(archs) * (len(spec.extension_sources) + 1))
+    if archs != spec.archs:
+        progress.log(f"MOK_ARCHS: partial build ({', '.join(archs)}), not a release wheel")
+    modules = build_modules(spec, toolchain, config, archs, progress)
+    _check_platform(spec, modules)
+    return toolchain, modules, progress
+
+
+def build_wheel(wheel_directory, config_settings=None, metadata_directory=None) -> str:
+    root = _root()
+    project = load_project(root)
+    spec = load_extension_spec(root)
+    with tempfile.TemporaryDirectory(prefix="mok-build-") as scratch:
+        toolchain, modules, progress = _compile(root, project, spec, Path(scratch))
+        files = _package_files(root)
+        for path in modules.values():
+            files[f"{PACKAGE}/{path.name}"] = path.read_bytes()
+        tag = f"{toolchain.python_tag}-{toolchain.python_tag}-{spec.wheel_platform}"
+        dist_info = f"{project.dist_name}-{project.version}.dist-info"
+        files[f"{dist_info}/METADATA"] = metadata.core_metadata(project, root).encode()
+        files[f"{dist_info}/WHEEL"] = metadata.wheel_file(tag, project.version).encode()
+        if (root / "LICENSE").is_file():
+            files[f"{dist_info}/licenses/LICENSE"] = (root / "LICENSE").read_bytes()
+        name = f"{project.dist_name}-{project.version}-{tag}.whl"
+        archive.write_wheel(Path(wheel_directory) / name, files, dist_info, _epoch())
+        progress.log(f"wrote {name} ({len(files) + 1} files)")
+    return name
+
+
+def _epoch() -> int:
+    return archive.source_date_epoch()
+
+
+def build_sdist(sdist_directory, config_settings=None) -> str:
+    root = _root()
+    project = load_project(root)
+    base = f"{project.dist_name}-{project.version}"
+    files: dict[str, bytes] = {}
+    for relative in SDIST_FILES:
+        if (root / relative).is_file():
+            files[f"{base}/{relative}"] = (root / relative).read_bytes()
+    for tree in (PACKAGE, *SDIST_TREES):
+        for path in sorted((root / tree).rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".so":
+                files[f"{base}/{path.relative_to(root).as_posix()}"] = path.read_bytes()
+    files[f"{base}/PKG-INFO"] = metadata.core_metadata(project, root).encode()
+    name = f"{base}.tar.gz"
+    archive.write_sdist(Path(sdist_directory) / name, files, _epoch())
+    return name
