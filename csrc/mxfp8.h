@@ -11,7 +11,8 @@ namespace mok::mxfp8 {
 
 // Raw device pointers of one quantize call. x is bf16 [experts, rows, cols] (contiguous).
 // Normal outputs: out fp8 [experts, rows, cols], scale uint8 [experts*rows/128, cols/128, 32, 16].
-// Transposed outputs: out_t fp8 [experts, cols, rows], scale_t [experts*cols/128, rows/128, 32, 16].
+// Transposed outputs: out_t fp8 [experts, cols, rows],
+//                     scale_t uint8 [experts*cols/128, rows/128, 32, 16].
 // A null out/scale pair skips that layout.
 struct QuantizeArgs {
   const void* x = nullptr;

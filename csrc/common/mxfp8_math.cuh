@@ -55,8 +55,11 @@ __device__ __forceinline__ float inverse_scale(int e) {
                     : __uint_as_float(0x00400000u);
 }
 
+// The low / high bf16 of a packed pair as fp32 (exact: bf16 is the top half of an fp32).
 __device__ __forceinline__ float bf16_lo(uint32_t word) { return __uint_as_float(word << 16); }
-__device__ __forceinline__ float bf16_hi(uint32_t word) { return __uint_as_float(word & 0xffff0000u); }
+__device__ __forceinline__ float bf16_hi(uint32_t word) {
+  return __uint_as_float(word & 0xffff0000u);
+}
 
 // Two fp32 values to two E4M3 bytes (first value in the low byte), RNE, saturating to +-448.
 __device__ __forceinline__ uint32_t to_e4m3x2(float first, float second) {

@@ -1,70 +1,106 @@
 """One extension module per GPU architecture, from the single description in tools/build.
 
-Sources, architectures and the compiler version are read from //tools/build:extension.bzl (the
-file the PEP 517 backend also reads), so Bazel cannot drift from the other front ends.
+Sources, headers, architectures, defines and nvcc / host / link flags are all read from
+//tools/build:extension.bzl, the file the PEP 517 backend also reads, and every source is compiled
+by nvcc as the backend does: one cuda_library per (source, architecture), linked by the host
+toolchain into mok/_C_<arch>.so. Nothing here restates the description.
 """
 
-load("@pybind11_bazel//:build_defs.bzl", "pybind_extension")
+load("@pybind11_bazel//:build_defs.bzl", "pybind_extension", "pybind_library")
 load("@rules_cuda//cuda:defs.bzl", "cuda_library")
 load("//tools/bazel:version.bzl", "VERSION")
-load("//tools/build:extension.bzl", "ARCHS", "CUDA_VERSION", "EXTENSION_SOURCES")
+load(
+    "//tools/build:extension.bzl",
+    "ARCHS",
+    "CUDA_VERSION",
+    "DEFINES",
+    "EXTENSION_SOURCES",
+    "GENCODE",
+    "HOST_FLAGS",
+    "LINK_FLAGS",
+    "MODULE_NAMES",
+    "NVCC_FLAGS",
+    "REPRODUCIBLE_FLAGS",
+)
 
-# The sources live in the //csrc package; its BUILD file exports them and the header library.
+# The sources live in the //csrc package, which exports them and the header library.
 _SRC_PACKAGE = "csrc/"
 _HEADERS = "//csrc:headers"
+_PYBIND11 = "pybind11_headers"
 
-def module_name(arch):
-    """Python module name of an architecture's extension: "sm_90a" -> "_C_sm90a"."""
-    return "_C_" + arch.replace("_", "")
+# Bazel compiles in its execution root with relative paths, so the prefix maps find nothing
+# absolute to strip; they stay so the flag set is the one the other front ends use. Bazel never
+# stamps, so no commit is compiled in (the binding's own default word).
+_UNSTAMPED = {"build_root": "bazel-out", "git_commit": "unknown", "src_root": "."}
 
 def _arch_spec(arch):
-    # rules_cuda's per-target arch spec "compute_90a:sm_90a" becomes
-    # -gencode arch=compute_90a,code=sm_90a: a cubin for this architecture and nothing else.
-    number = arch[len("sm_"):]
-    return "compute_{n}:sm_{n}".format(n = number)
+    # GENCODE "arch=compute_90a,code=sm_90a" is rules_cuda's per-target spec "compute_90a:sm_90a",
+    # which it turns back into the same -gencode: one cubin, this architecture only.
+    fields = dict([item.split("=") for item in GENCODE[arch].split(",")])
+    return fields["arch"] + ":" + fields["code"]
 
-def _labels(suffix):
-    return ["//csrc:" + src[len(_SRC_PACKAGE):] for src in EXTENSION_SOURCES if src.endswith(suffix)]
+def _fill(templates, arch, source):
+    values = dict(
+        _UNSTAMPED,
+        arch = arch,
+        module = MODULE_NAMES[arch],
+        nvcc_version = CUDA_VERSION,
+        source = source,
+        version = VERSION,
+    )
+    return [template.format(**values) for template in templates]
 
-def _defines(arch):
-    # The binding reads these to name the module and report what built it (csrc/api/info.hpp).
-    return [
-        "MOK_MODULE_NAME=" + module_name(arch),
-        "MOK_ARCH=\"%s\"" % arch,
-        "MOK_NVCC_VERSION=\"%s\"" % CUDA_VERSION,
-        "MOK_VERSION=\"%s\"" % VERSION,
-    ]
+def _label(source):
+    return "//csrc:" + source[len(_SRC_PACKAGE):]
 
-def mok_cuda_extensions(visibility = None):
-    """Declares, for every arch in ARCHS, the device code library and the pybind11 module.
+def _object_name(arch, source):
+    stem = source[len(_SRC_PACKAGE):].replace("/", "_").replace(".", "_")
+    return MODULE_NAMES[arch] + "_" + stem
 
-    Args:
-      visibility: visibility of the extension modules.
-    """
-    for arch in ARCHS:
-        name = module_name(arch)
+def _module(arch, visibility):
+    objects = []
+    for source in EXTENSION_SOURCES:
+        objects.append(":" + _object_name(arch, source))
         cuda_library(
-            name = name + "_device",
-            srcs = _labels(".cu"),
-            deps = [_HEADERS],
+            name = _object_name(arch, source),
+            srcs = [_label(source)],
+            # The module's init function is reached only through Python's dlsym, so the linker
+            # must keep every object.
+            alwayslink = True,
             archs = [_arch_spec(arch)],
-            local_defines = _defines(arch),
+            copts = NVCC_FLAGS + _fill(REPRODUCIBLE_FLAGS, arch, source),
+            host_copts = HOST_FLAGS,
+            local_defines = _fill(DEFINES, arch, source),
             target_compatible_with = [
                 "@platforms//os:linux",
                 "@platforms//cpu:x86_64",
             ],
-        )
-        pybind_extension(
-            name = name,
-            srcs = _labels(".cpp"),
             deps = [
-                ":" + name + "_device",
                 _HEADERS,
+                ":" + _PYBIND11,
             ],
-            local_defines = _defines(arch),
-            visibility = visibility,
         )
+
+    # pybind_extension links with -shared itself (linkshared = 1).
+    pybind_extension(
+        name = MODULE_NAMES[arch],
+        linkopts = [flag for flag in LINK_FLAGS if flag != "-shared"],
+        visibility = visibility,
+        deps = objects,
+    )
+
+def mok_cuda_extensions(visibility = None):
+    """Declares mok/_C_<arch>.so for every arch in ARCHS, with its per-source device objects.
+
+    Args:
+      visibility: visibility of the extension modules.
+    """
+
+    # pybind11's and Python's headers for the nvcc-compiled binding, as pybind11_bazel provides them.
+    pybind_library(name = _PYBIND11)
+    for arch in ARCHS:
+        _module(arch, visibility)
 
 def extension_modules():
     """Labels of every architecture's module, for the package's data and the wheel."""
-    return [":" + module_name(arch) for arch in ARCHS]
+    return [":" + MODULE_NAMES[arch] for arch in ARCHS]

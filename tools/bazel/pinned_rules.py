@@ -1,5 +1,5 @@
-"""What the pinned Bazel rule sets define: every rule, macro and module-extension tag our Bazel files
-may use, with the attributes that version accepts, and where each list was read.
+"""What the pinned Bazel rule sets define: every rule, macro and module-extension tag our
+Bazel files may use, with the attributes that version accepts, and where each list was read.
 
 tools/bazel/check_starlark.py rejects a call to anything not listed here and any attribute not
 listed for it. The lists are for the versions in PINNED_MODULES; bumping a version in MODULE.bazel
@@ -29,14 +29,19 @@ CUDA_REDIST_COMPONENTS = {
     "13.0.2": {"cuda_nvcc": "13.0.88", "cuda_cudart": "13.0.96", "cuda_cccl": "13.0.85"},
 }
 
+
+def _words(text: str) -> frozenset[str]:
+    return frozenset(text.split())
+
+
 # Bazel 8 Build Encyclopedia, "Common definitions" (bazel.build/versions/7.7.1 and 9.1.0
 # reference/be/common-definitions; the 8.x pages list the same set).
-COMMON = frozenset(
+COMMON = _words(
     "name compatible_with deprecation exec_compatible_with exec_properties features "
-    "restricted_to tags target_compatible_with testonly toolchains visibility aspect_hints".split()
+    "restricted_to tags target_compatible_with testonly toolchains visibility aspect_hints"
 )
-TEST_COMMON = frozenset("args env env_inherit size timeout flaky shard_count local".split())
-BINARY_COMMON = frozenset("args env output_licenses".split())
+TEST_COMMON = _words("args env env_inherit size timeout flaky shard_count local")
+BINARY_COMMON = _words("args env output_licenses")
 
 
 @dataclass(frozen=True)
@@ -56,13 +61,15 @@ def _attrs(*groups: frozenset[str] | str) -> frozenset[str]:
     return frozenset(names)
 
 
-_LABELS = frozenset("srcs hdrs data deps main requirements_lock".split())
+_LABELS = _words("srcs hdrs data deps main requirements_lock")
 
 # rules_python 2.3.2: python/private/attributes.bzl (COMMON_ATTRS, PY_SRCS_ATTRS, IMPORTS_ATTRS,
 # precompile attrs, executable "env"/"stamp", test "env_inherit") and py_executable.bzl.
 _PY_COMMON = "data deps imports srcs srcs_version distribs licenses pyi_deps pyi_srcs precompile "
 _PY_COMMON += "precompile_invalidation_mode precompile_optimize_level precompile_source_retention"
-_PY_EXEC = "interpreter_args legacy_create_init main main_module pyc_collection python_version stamp"
+_PY_EXEC = (
+    "interpreter_args legacy_create_init main main_module pyc_collection python_version stamp"
+)
 
 # Bazel 8.3 Build Encyclopedia, C / C++ rules (bazel.build/versions/8.3.0/reference/be/c-cpp).
 _CC_BINARY = (
@@ -131,6 +138,13 @@ RULES: dict[tuple[str, str], Rule] = {
         "pybind11_bazel v3.0.1 build_defs.bzl pybind_extension + cc_binary (Bazel 8.3 docs)",
         label_attrs=_LABELS,
     ),
+    # pybind11_bazel 3.0.1 build_defs.bzl: pybind_library(name, copts, features, tags, deps,
+    # **kwargs) forwards kwargs to cc_library.
+    ("@pybind11_bazel//:build_defs.bzl", "pybind_library"): Rule(
+        _attrs(COMMON, _CC_LIBRARY),
+        "pybind11_bazel v3.0.1 build_defs.bzl pybind_library + cc_library (Bazel 8.3 docs)",
+        label_attrs=_LABELS,
+    ),
 }
 
 # bazel_skylib 1.9.x lib/paths.bzl: the `paths` struct (read at tag 1.9.1; 1.9.2 is a patch).
@@ -142,26 +156,28 @@ VALUES = {
 # page (bazel.build/reference/be/functions) and the filegroup / alias / test_suite rules.
 NATIVE: dict[str, Rule] = {
     "package": Rule(
-        frozenset(
+        _words(
             "default_applicable_licenses default_visibility default_testonly "
-            "default_deprecation default_package_metadata features".split()
+            "default_deprecation default_package_metadata features"
         ),
         "Bazel 8 Build Encyclopedia: package()",
     ),
     "exports_files": Rule(frozenset({"srcs", "visibility", "licenses"}), "Bazel 8: exports_files"),
-    "filegroup": Rule(_attrs(COMMON, "srcs data output_group"), "Bazel 8: filegroup", label_attrs=_LABELS),
+    "filegroup": Rule(
+        _attrs(COMMON, "srcs data output_group"), "Bazel 8: filegroup", label_attrs=_LABELS
+    ),
     "alias": Rule(_attrs(COMMON, "actual"), "Bazel 8: alias"),
     "test_suite": Rule(_attrs(COMMON, "tests"), "Bazel 8: test_suite"),
 }
 
-# MODULE.bazel globals, Bazel 8 "MODULE.bazel files" reference (bazel.build/rules/lib/globals/module).
+# MODULE.bazel globals: Bazel 8 reference, bazel.build/rules/lib/globals/module.
 MODULE_FUNCTIONS: dict[str, Rule] = {
     "module": Rule(
-        frozenset("name version compatibility_level repo_name bazel_compatibility".split()),
+        _words("name version compatibility_level repo_name bazel_compatibility"),
         "Bazel 8 globals/module: module()",
     ),
     "bazel_dep": Rule(
-        frozenset("name version max_compatibility_level repo_name dev_dependency".split()),
+        _words("name version max_compatibility_level repo_name dev_dependency"),
         "Bazel 8 globals/module: bazel_dep()",
         mandatory=frozenset({"name", "version"}),
     ),
@@ -173,13 +189,11 @@ EXTENSIONS: dict[tuple[str, str], dict[str, Rule]] = {
     # rules_python 2.3.2 python/private/python.bzl tag classes.
     ("@rules_python//python/extensions:python.bzl", "python"): {
         "defaults": Rule(
-            frozenset("pyproject_toml python_version python_version_env python_version_file".split()),
+            _words("pyproject_toml python_version python_version_env python_version_file"),
             "rules_python 2.3.2 python/private/python.bzl _defaults",
         ),
         "toolchain": Rule(
-            frozenset(
-                "configure_coverage_tool ignore_root_user_error is_default python_version".split()
-            ),
+            _words("configure_coverage_tool ignore_root_user_error is_default python_version"),
             "rules_python 2.3.2 python/private/python.bzl _toolchain",
             mandatory=frozenset({"python_version"}),
         ),
@@ -189,18 +203,41 @@ EXTENSIONS: dict[tuple[str, str], dict[str, Rule]] = {
     ("@rules_python//python/extensions:pip.bzl", "pip"): {
         "parse": Rule(
             frozenset(
-                (
-                    "experimental_extra_index_urls experimental_index_url "
-                    "experimental_index_url_overrides hub_name parallel_download pyproject_toml "
-                    "python_version simpleapi_skip target_platforms uv_lock whl_modifications "
-                    "experimental_requirement_cycles extra_hub_aliases requirements_by_platform "
-                    "requirements_darwin requirements_linux requirements_lock "
-                    "requirements_windows use_hub_alias_dependencies "
-                    "add_libdir_to_library_search_path download_only "
-                    "enable_implicit_namespace_pkgs environment envsubst extra_pip_args isolated "
-                    "pip_data_exclude python_interpreter python_interpreter_target quiet timeout "
-                    "auth_patterns netrc"
-                ).split()
+                [
+                    "experimental_extra_index_urls",
+                    "experimental_index_url",
+                    "experimental_index_url_overrides",
+                    "hub_name",
+                    "parallel_download",
+                    "pyproject_toml",
+                    "python_version",
+                    "simpleapi_skip",
+                    "target_platforms",
+                    "uv_lock",
+                    "whl_modifications",
+                    "experimental_requirement_cycles",
+                    "extra_hub_aliases",
+                    "requirements_by_platform",
+                    "requirements_darwin",
+                    "requirements_linux",
+                    "requirements_lock",
+                    "requirements_windows",
+                    "use_hub_alias_dependencies",
+                    "add_libdir_to_library_search_path",
+                    "download_only",
+                    "enable_implicit_namespace_pkgs",
+                    "environment",
+                    "envsubst",
+                    "extra_pip_args",
+                    "isolated",
+                    "pip_data_exclude",
+                    "python_interpreter",
+                    "python_interpreter_target",
+                    "quiet",
+                    "timeout",
+                    "auth_patterns",
+                    "netrc",
+                ]
             ),
             "rules_python 2.3.2 python/private/pypi/extension.bzl _pip_parse_ext_attrs",
             mandatory=frozenset({"hub_name"}),
@@ -210,19 +247,19 @@ EXTENSIONS: dict[tuple[str, str], dict[str, Rule]] = {
     # rules_cuda 0.3.0 cuda/extensions.bzl: module_extension "toolchain" and its tag classes.
     ("@rules_cuda//cuda:extensions.bzl", "toolchain"): {
         "redist_json": Rule(
-            frozenset("name components integrity sha256 urls version".split()),
+            _words("name components integrity sha256 urls version"),
             "rules_cuda v0.3.0 cuda/extensions.bzl cuda_redist_json_tag",
             mandatory=frozenset({"name"}),
         ),
         "toolkit": Rule(
-            frozenset("name toolkit_path components_mapping version nvcc_version".split()),
+            _words("name toolkit_path components_mapping version nvcc_version"),
             "rules_cuda v0.3.0 cuda/extensions.bzl cuda_toolkit_tag",
             mandatory=frozenset({"name"}),
         ),
         "component": Rule(
-            frozenset(
+            _words(
                 "name component_name descriptive_name integrity sha256 strip_prefix url urls "
-                "version".split()
+                "version"
             ),
             "rules_cuda v0.3.0 cuda/extensions.bzl cuda_component_tag",
             mandatory=frozenset({"name"}),
@@ -231,7 +268,7 @@ EXTENSIONS: dict[tuple[str, str], dict[str, Rule]] = {
 }
 
 # rules_cuda 0.3.0 cuda/private/templates/registry.bzl FULL_COMPONENT_NAME keys.
-CUDA_COMPONENTS = frozenset(
+CUDA_COMPONENTS = _words(
     "cudart nvcc nvvm cccl crt culibos cublas cufft cufile cupti curand cusolver cusparse npp "
-    "nvidia_fs nvjitlink nvjpeg nvml nvrtc nvtx".split()
+    "nvidia_fs nvjitlink nvjpeg nvml nvrtc nvtx"
 )

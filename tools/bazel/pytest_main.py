@@ -62,6 +62,10 @@ def main(argv: list[str]) -> int:
     if wheel is not None:
         print(f"testing wheel {wheel.name} sha256={_sha256(wheel)}", flush=True)
         print(f"mok unpacked at {_install_wheel(wheel)}", flush=True)
+    else:
+        # The source tier imports mok from the tree (Bazel already puts the root on sys.path;
+        # this makes a run outside Bazel behave the same).
+        sys.path.insert(0, str(root))
     config = ["-c", str(root / "pyproject.toml"), "--rootdir", str(root), "-p", "no:cacheprovider"]
     return int(pytest.main(config + argv))
 

@@ -18,6 +18,9 @@ _THIRD_PARTY = [
     "@pypi//torch",
 ]
 
+# No generated __init__.py files: the runfiles tree then imports exactly like the source tree.
+_NO_INIT = 0
+
 # Bazel recognises "exclusive" (no other test runs alongside) and "local" (no sandbox: the
 # sandbox's /dev has no /dev/nvidia* nodes, so CUDA would see no device).
 _GPU_EXECUTION = ["exclusive", "local"]
@@ -54,6 +57,7 @@ def mok_cpu_tests(extra_data = {}, size = "medium"):
             main = _RUNNER,
             args = _pytest_args(src),
             data = ["//:pyproject.toml"] + extra_data.get(src, []),
+            legacy_create_init = _NO_INIT,
             size = size,
             tags = ["cpu"],
             deps = [":support", "//mok"] + _THIRD_PARTY,
@@ -84,6 +88,7 @@ def mok_gpu_tests(multi_gpu = [], nvl72 = [], extra_data = {}, size = "large"):
             main = _RUNNER,
             args = ["--wheel=$(rootpath %s)" % _WHEEL] + _pytest_args(src),
             data = ["//:pyproject.toml", _WHEEL] + extra_data.get(src, []),
+            legacy_create_init = _NO_INIT,
             size = size,
             tags = _gpu_tags(src, multi_gpu, nvl72),
             target_compatible_with = [

@@ -89,10 +89,20 @@ REPRODUCIBLE_FLAGS = [
     "-Xcompiler=-ffile-prefix-map={build_root}=build",
 ]
 
-# Link: static CUDA runtime (no libcudart.so lookup at import time; only the driver is needed).
+# Link with the host compiler, not nvcc: nothing is compiled with -rdc, so no device link step is
+# needed, and nvcc's would add an empty sm_75 cubin to every module. The CUDA runtime is linked
+# statically: importing a module needs only the driver, never a libcudart.so.
 LINK_FLAGS = [
     "-shared",
-    "-cudart=static",
+    "-Wl,--build-id=sha1",
+    "-Wl,-z,noexecstack",
+]
+
+LINK_LIBS = [
+    "-l:libcudart_static.a",
+    "-lrt",
+    "-lpthread",
+    "-ldl",
 ]
 
 # The wheel's platform tag. The modules are linked on Debian 12 (glibc 2.36, GCC 12): the static

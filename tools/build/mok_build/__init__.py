@@ -124,13 +124,10 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None) 
         if (root / "LICENSE").is_file():
             files[f"{dist_info}/licenses/LICENSE"] = (root / "LICENSE").read_bytes()
         name = f"{project.dist_name}-{project.version}-{tag}.whl"
-        archive.write_wheel(Path(wheel_directory) / name, files, dist_info, _epoch())
+        epoch = archive.source_date_epoch()
+        archive.write_wheel(Path(wheel_directory) / name, files, dist_info, epoch)
         progress.log(f"wrote {name} ({len(files) + 1} files)")
     return name
-
-
-def _epoch() -> int:
-    return archive.source_date_epoch()
 
 
 def build_sdist(sdist_directory, config_settings=None) -> str:
@@ -147,5 +144,5 @@ def build_sdist(sdist_directory, config_settings=None) -> str:
                 files[f"{base}/{path.relative_to(root).as_posix()}"] = path.read_bytes()
     files[f"{base}/PKG-INFO"] = metadata.core_metadata(project, root).encode()
     name = f"{base}.tar.gz"
-    archive.write_sdist(Path(sdist_directory) / name, files, _epoch())
+    archive.write_sdist(Path(sdist_directory) / name, files, archive.source_date_epoch())
     return name

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -45,7 +46,9 @@ def _fill(templates: Sequence[str], values: Mapping[str, str]) -> list[str]:
     return [template.format(**values) for template in templates]
 
 
-def _values(spec: ExtensionSpec, tc: Toolchain, cfg: BuildConfig, arch: str, source: str):
+def _values(
+    spec: ExtensionSpec, tc: Toolchain, cfg: BuildConfig, arch: str, source: str
+) -> dict[str, str]:
     return {
         "arch": arch,
         "module": spec.module_name(arch),
@@ -58,7 +61,9 @@ def _values(spec: ExtensionSpec, tc: Toolchain, cfg: BuildConfig, arch: str, sou
     }
 
 
-def compile_step(spec: ExtensionSpec, tc: Toolchain, cfg: BuildConfig, arch: str, source: str):
+def compile_step(
+    spec: ExtensionSpec, tc: Toolchain, cfg: BuildConfig, arch: str, source: str
+) -> Step:
     """nvcc -c for one source of one arch's module."""
     values = _values(spec, tc, cfg, arch, source)
     output = cfg.build_dir / arch / (Path(source).name + ".o")
@@ -89,16 +94,18 @@ def compile_step(spec: ExtensionSpec, tc: Toolchain, cfg: BuildConfig, arch: str
     return Step(f"{arch} nvcc {source}", tuple(argv), output)
 
 
-def link_step(spec: ExtensionSpec, tc: Toolchain, cfg: BuildConfig, arch: str, objects):
+def link_step(
+    spec: ExtensionSpec, tc: Toolchain, cfg: BuildConfig, arch: str, objects: Sequence[Path]
+) -> Step:
     output = cfg.build_dir / arch / (spec.module_name(arch) + tc.extension_suffix)
     argv = [
-        str(tc.nvcc),
-        f"-ccbin={tc.host_compiler}",
+        str(tc.host_compiler),
         *spec.link_flags,
-        f"-L{tc.cuda_root / 'lib'}",
         "-o",
         str(output),
         *[str(obj) for obj in objects],
+        f"-L{tc.cuda_root / 'lib'}",
+        *spec.link_libs,
     ]
     return Step(f"{arch} link {output.name}", tuple(argv), output)
 
@@ -111,13 +118,19 @@ class Progress:
         self.done = 0
         self.start = time.monotonic()
         self._write = write or (lambda line: print(line, file=sys.stderr, flush=True))
+        self._lock = threading.Lock()  # steps finish on worker threads
 
     def log(self, message: str) -> None:
-        self._write(f"[mok-build {time.monotonic() - self.start:6.1f}s] {message}")
+        with self._lock:
+            self._write(f"[mok-build {time.monotonic() - self.start:6.1f}s] {message}")
 
-    def finished(self, step: Step, seconds: float) -> None:
-        self.done += 1
-        self.log(f"({self.done}/{self.total}) {step.label} done in {seconds:.1f}s")
+    def finished(self, step: Step, seconds: float, diagnostics: str = "") -> None:
+        with self._lock:
+            self.done += 1
+            done = self.done
+        self.log(f"({done}/{self.total}) {step.label} done in {seconds:.1f}s")
+        if diagnostics.strip():
+            self.log(f"{step.label} printed:\n{diagnostics.rstrip()}")
 
 
 def run_step(step: Step, cfg: BuildConfig, progress: Progress) -> Path:
@@ -131,12 +144,16 @@ def run_step(step: Step, cfg: BuildConfig, progress: Progress) -> Path:
             f"{step.label} failed (exit {result.returncode})\n$ {' '.join(step.argv)}\n"
             f"{result.stdout}{result.stderr}"
         )
-    progress.finished(step, time.monotonic() - begin)
+    progress.finished(step, time.monotonic() - begin, result.stdout + result.stderr)
     return step.output
 
 
 def build_modules(
-    spec: ExtensionSpec, tc: Toolchain, cfg: BuildConfig, archs: Sequence[str], progress=None
+    spec: ExtensionSpec,
+    tc: Toolchain,
+    cfg: BuildConfig,
+    archs: Sequence[str],
+    progress: Progress | None = None,
 ) -> dict[str, Path]:
     """Compile and link every arch's module in parallel; {arch: path of the .so}."""
     sources = spec.extension_sources

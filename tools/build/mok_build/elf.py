@@ -30,7 +30,7 @@ class Section:
 def _header(data: bytes) -> tuple[int, int, int, int]:
     if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
         raise ElfError("not a little-endian ELF64 file")
-    shoff, = struct.unpack_from("<Q", data, 0x28)
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
     return shoff, shentsize, shnum, shstrndx
 

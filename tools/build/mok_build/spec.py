@@ -30,6 +30,7 @@ _FIELDS: dict[str, type] = {
     "HOST_FLAGS": list,
     "REPRODUCIBLE_FLAGS": list,
     "LINK_FLAGS": list,
+    "LINK_LIBS": list,
     "WHEEL_PLATFORM": str,
 }
 
@@ -74,6 +75,7 @@ class ExtensionSpec:
     host_flags: tuple[str, ...]
     reproducible_flags: tuple[str, ...]
     link_flags: tuple[str, ...]
+    link_libs: tuple[str, ...]
     wheel_platform: str
 
     def module_name(self, arch: str) -> str:
@@ -93,7 +95,8 @@ def load_extension_spec(root: Path) -> ExtensionSpec:
         tables = (spec.module_names, spec.gencode, spec.compute_capability)
         if any(arch not in table for table in tables):
             raise SpecError(
-                f"{EXTENSION_BZL}: {arch} needs MODULE_NAMES, GENCODE and COMPUTE_CAPABILITY entries"
+                f"{EXTENSION_BZL}: {arch} needs entries in MODULE_NAMES, GENCODE and "
+                "COMPUTE_CAPABILITY"
             )
     return spec
 
@@ -136,7 +139,9 @@ def load_project(root: Path) -> ProjectMetadata:
     project = data.get("project", {})
     missing = [key for key in ("name", "version") if key not in project]
     if missing:
-        raise SpecError(f"pyproject.toml [project] lacks {missing} (dynamic metadata is unsupported)")
+        raise SpecError(
+            f"pyproject.toml [project] lacks {missing} (dynamic metadata is unsupported)"
+        )
     license_value = project.get("license", "")
     return ProjectMetadata(
         name=project["name"],

@@ -1,0 +1,50 @@
+# Everyday tasks. Every target sets up what it needs from the hash-locked requirements.lock.
+PYTHON ?= python3.12
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.lock-sha256
+
+.PHONY: env demo test test-source lint format wheel repro lock check-build-files clean
+
+# The environment: exactly the hashes in requirements.lock (rebuilt when the lock changes).
+env: $(STAMP)
+$(STAMP): requirements.lock
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check --require-hashes --no-deps \
+		-r requirements.lock
+	sha256sum requirements.lock > $(STAMP)
+
+# The main job: an EP=2 forward + backward, checked against a float64 dense formulation.
+demo: env
+	PYTHONPATH=. $(PY) tools/demo.py
+
+# Build the wheel, install it into a fresh environment and run the whole suite against it.
+test: wheel
+	tools/test_wheel.sh
+
+# Quick loop while editing: the suite against the source tree.
+test-source: env
+	PYTHONPATH=. $(VENV)/bin/pytest -q tests
+
+wheel: env
+	$(PY) -m build --wheel --no-isolation --outdir dist .
+
+repro: env
+	$(PY) tools/repro_check.py
+
+lint: env
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	tools/check_build_files.sh
+
+format: env
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+lock: env
+	$(PY) -m uv pip compile requirements.in --python-version 3.12 \
+		--python-platform x86_64-manylinux_2_28 --generate-hashes --no-header \
+		--custom-compile-command "make lock" -o requirements.lock
+
+clean:
+	rm -rf build dist $(VENV) .venv-test

@@ -1,0 +1,84 @@
+"""The CUDA backend: thin wrappers that allocate outputs with torch and call the extension.
+
+The extension takes raw device addresses and a cudaStream_t as integers (no torch headers), so
+this file owns everything torch-specific: validation, allocation, the device guard and the
+current stream. Kernels run asynchronously on `torch.cuda.current_stream(x.device)`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mok import _extension
+from mok import mxfp8 as mxfp8_format
+
+_ALIGNMENT = 16  # bytes; the kernels move data in 16-byte vectors
+
+
+def available(device: torch.device | int | str | None = None) -> bool:
+    """True when `device` is a CUDA device this installation has a compiled module for."""
+    try:
+        return _extension.is_supported(device)
+    except (RuntimeError, ValueError, AssertionError):
+        return False  # no driver, bad index, ...: the reference backend serves instead
+
+
+def _aligned(x: torch.Tensor) -> torch.Tensor:
+    x = x.contiguous()
+    # A contiguous view can still start mid-allocation; a fresh copy is aligned.
+    return x if x.data_ptr() % _ALIGNMENT == 0 else x.clone()
+
+
+def mxfp8_quantize(
+    x: torch.Tensor, return_normal: bool = True, return_transposed: bool = False
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """MXFP8-quantize a CUDA bf16 tensor with the extension kernel; same contract as
+    `mok.mxfp8.quantize` (bit-identical results):
+
+    | output    | dtype          | shape                                   |
+    |-----------|----------------|-----------------------------------------|
+    | `x_fp8`   | float8_e4m3fn  | `[M, N]` / `[E, M, N]`, blocks along N  |
+    | `x_sc`    | uint8          | `[E*M/128, N/128, 32, 16]` swizzled     |
+    | `x_fp8_t` | float8_e4m3fn  | `[N, M]` / `[E, N, M]`, blocks along M  |
+    | `x_sc_t`  | uint8          | `[E*N/128, M/128, 32, 16]` swizzled     |
+
+    `x` is bf16 `[M, N]` or `[E, M, N]` on a CUDA device, M and N multiples of 128. A pair not
+    asked for is `(None, None)`. NotImplementedError if no module serves the device.
+    """
+    mxfp8_format._check_flags(return_normal, return_transposed)
+    mxfp8_format._check_matrix("x", x, torch.bfloat16)
+    if not x.is_cuda:
+        raise ValueError(f"`x` must be on a CUDA device, got {x.device}")
+    module = _extension.module_for_device(x.device)
+    x = _aligned(x)
+    *batch, rows, cols = x.shape
+    experts = batch[0] if batch else 1
+
+    def layout(r: int, c: int) -> tuple[torch.Tensor, torch.Tensor]:
+        data = torch.empty((*batch, r, c), dtype=torch.float8_e4m3fn, device=x.device)
+        scale = torch.empty(
+            (experts * r // 128, c // 128, 32, 16), dtype=torch.uint8, device=x.device
+        )
+        return data, scale
+
+    x_fp8, x_sc = layout(rows, cols) if return_normal else (None, None)
+    x_fp8_t, x_sc_t = layout(cols, rows) if return_transposed else (None, None)
+    if experts == 0:
+        return x_fp8, x_sc, x_fp8_t, x_sc_t  # nothing to launch (and no valid address to pass)
+    with torch.cuda.device(x.device):
+        module.mxfp8_quantize(
+            x=x.data_ptr(),
+            out=_address(x_fp8),
+            scale=_address(x_sc),
+            out_t=_address(x_fp8_t),
+            scale_t=_address(x_sc_t),
+            experts=experts,
+            rows=rows,
+            cols=cols,
+            stream=torch.cuda.current_stream(x.device).cuda_stream,
+        )
+    return x_fp8, x_sc, x_fp8_t, x_sc_t
+
+
+def _address(tensor: torch.Tensor | None) -> int:
+    return 0 if tensor is None else tensor.data_ptr()

@@ -1,0 +1,171 @@
+"""The Bazel files, checked without Bazel: evaluated with stubbed rules
+(tools/bazel/check_starlark.py) and formatted/linted by the pinned buildifier. A second group
+breaks a copy of the repository on purpose and shows each check failing, so a green run means
+something.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tools" / "bazel"))
+
+import check_starlark as cs  # noqa: E402
+from starlark_eval import bazel_files, evaluate_repository  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    "TEST_SRCDIR" in os.environ,
+    reason="checks the repository's Bazel files; inside Bazel's sandbox they are not inputs "
+    "(run through make test / tools/check_build_files.sh)",
+)
+BUILDIFIER = ROOT / "node_modules" / ".bin" / "buildifier"
+
+
+def _copy_ignore(directory: str, names: list[str]) -> set[str]:
+    # Generated and vendored trees: everywhere for caches, at the top for build outputs.
+    skip = {
+        n
+        for n in names
+        if n in {".git", "node_modules", "__pycache__"} or n.startswith((".venv", "bazel-"))
+    }
+    if Path(directory) == ROOT:
+        skip |= {n for n in names if n in {"build", "dist", ".pytest_cache", ".ruff_cache"}}
+    return skip
+
+
+@pytest.fixture(scope="module")
+def evaluated():
+    return evaluate_repository(ROOT)
+
+
+def test_every_bazel_file_evaluates(evaluated):
+    assert evaluated.problems == []
+    assert {"MODULE.bazel", "BUILD.bazel", "mok/BUILD.bazel"} <= {
+        p.relative_to(ROOT).as_posix() for p in bazel_files(ROOT)
+    }
+
+
+def test_only_attributes_the_pinned_rules_define(evaluated):
+    assert cs.check_attributes(evaluated.calls) == []
+
+
+def test_referenced_files_and_repositories_exist(evaluated):
+    lock = cs.read_lock(ROOT)
+    assert cs.check_labels(ROOT, evaluated.calls, lock) + cs.check_repos(evaluated) == []
+
+
+def test_every_test_file_has_one_target(evaluated):
+    assert cs.check_tests(ROOT, evaluated.calls) == []
+    tests = [c for c in evaluated.calls if c.key == cs.PY_TEST]
+    assert len(tests) == len(list(ROOT.glob("tests/**/test_*.py")))
+
+
+def test_gpu_tests_run_the_wheel_and_are_tagged(evaluated):
+    for call in evaluated.calls:
+        if call.key == cs.PY_TEST and call.package.startswith("tests/gpu"):
+            assert "gpu" in call.attrs["tags"] and "//:mok_wheel" in call.attrs["data"]
+            assert not any(dep.startswith("//mok") for dep in call.attrs["deps"])
+
+
+def test_extension_sources_built_once_per_arch(evaluated):
+    assert cs.check_extension(ROOT, evaluated.calls, cs.read_extension(ROOT)) == []
+
+
+def test_versions_agree_with_lock_pyproject_and_extension(evaluated):
+    problems = cs.check_versions(ROOT, evaluated.calls, cs.read_extension(ROOT), cs.read_lock(ROOT))
+    assert problems == []
+
+
+def test_bazelrc_and_bazelversion():
+    assert cs.check_bazelrc(ROOT) == []
+
+
+@pytest.mark.skipif(not BUILDIFIER.exists(), reason="buildifier not installed: run `npm ci`")
+@pytest.mark.parametrize("mode", ["--mode=check", "--lint=warn"])
+def test_buildifier(mode):
+    # The warning set tools/check_build_files.sh uses (default, less unsorted-dict-items).
+    files = [str(p) for p in bazel_files(ROOT)]
+    result = subprocess.run(
+        [str(BUILDIFIER), mode, "--warnings=-unsorted-dict-items", *files],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# ---- the checks fail when they should ---------------------------------------------------------
+
+
+def _break(root: Path, path: str, old: str, new: str) -> None:
+    target = root / path
+    text = target.read_text()
+    assert old in text, f"{path} no longer contains {old!r}: update this test"
+    target.write_text(text.replace(old, new, 1))
+
+
+def _remove_source(root: Path) -> None:
+    (root / "csrc/mxfp8.cu").unlink()
+
+
+def _unknown_attribute(root: Path) -> None:
+    _break(root, "BUILD.bazel", "    stamp = 0,\n", '    stamp = 0,\n    strip_prefix = "mok",\n')
+
+
+def _untargeted_test(root: Path) -> None:
+    (root / "tests/integration").mkdir(exist_ok=True)
+    (root / "tests/integration/test_new.py").write_text("def test_nothing():\n    pass\n")
+
+
+def _unlisted_source(root: Path) -> None:
+    (root / "csrc/extra.cu").write_text("// compiled by nobody\n")
+
+
+def _module_bump(root: Path) -> None:
+    _break(
+        root,
+        "MODULE.bazel",
+        '"rules_python", version = "2.3.2"',
+        '"rules_python", version = "9.9.9"',
+    )
+
+
+def _unknown_tag(root: Path) -> None:
+    _break(root, "MODULE.bazel", "cuda.toolkit(", "cuda.toolchain(")
+
+
+BREAKAGES = {
+    "missing source": (_remove_source, r"csrc/mxfp8\.cu.*(missing|no such file)"),
+    "unknown attribute": (_unknown_attribute, r"attribute 'strip_prefix' is not defined"),
+    "untargeted test": (_untargeted_test, r"tests/integration/test_new\.py: 0 py_test targets"),
+    "unbuilt csrc source": (_unlisted_source, r"csrc/extra\.cu: a csrc source not in EXTENSION"),
+    "module version drift": (_module_bump, r"rules_python 9\.9\.9: attribute tables were read for"),
+    "unknown extension tag": (_unknown_tag, r"has no attribute `toolchain`"),
+}
+
+
+@pytest.mark.parametrize("breakage", sorted(BREAKAGES))
+def test_checker_catches(breakage, tmp_path):
+    copy = tmp_path / "repo"
+    shutil.copytree(ROOT, copy, ignore=_copy_ignore)
+    apply, expected = BREAKAGES[breakage]
+    apply(copy)
+    problems = cs.run_checks(copy)
+    assert any(re.search(expected, p) for p in problems), problems
+
+
+@pytest.mark.skipif(not BUILDIFIER.exists(), reason="buildifier not installed: run `npm ci`")
+def test_buildifier_catches_bad_formatting(tmp_path):
+    bad = tmp_path / "BUILD.bazel"
+    bad.write_text('load("//x:y.bzl","z")\nz(name="a",srcs=["b"],)\n')
+    result = subprocess.run(
+        [str(BUILDIFIER), "--mode=check", str(bad)], capture_output=True, text=True
+    )
+    assert result.returncode != 0

@@ -1,0 +1,321 @@
+"""The build: one description (extension.bzl), the pinned toolchain, the wheel and what it ships.
+
+Tests that need a built wheel use $MOK_WHEEL (tools/test_wheel.sh sets it), else the one
+dist/mok-*.whl, else build one (about 20 s on 2 cores).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import mok
+from mok import _extension
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "tools" / "build"))
+
+from mok_build import archive, elf, spec, toolchain  # noqa: E402
+
+SPEC = spec.load_extension_spec(REPO)
+TOOLCHAIN_PACKAGES = (
+    "nvidia-cuda-nvcc",
+    "nvidia-nvvm",
+    "nvidia-cuda-crt",
+    "nvidia-cuda-cccl",
+    "nvidia-cuda-runtime",
+    "pybind11",
+)
+
+
+def _lock_versions() -> dict[str, str]:
+    text = (REPO / "requirements.lock").read_text()
+    pins = re.findall(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)", text, re.MULTILINE)
+    return {spec.normalize(name): version for name, version in pins}
+
+
+# --- the one description -------------------------------------------------------------------
+
+
+def test_extension_bzl_is_plain_literals():
+    values = spec.read_bzl(REPO / spec.EXTENSION_BZL)
+    assert values["ARCHS"] == ["sm_90a", "sm_100a", "sm_103a"]
+    assert set(values["GENCODE"]) == set(values["ARCHS"])
+
+
+@pytest.mark.parametrize("listing", ["EXTENSION_SOURCES", "EXTENSION_HEADERS"])
+def test_extension_bzl_lists_existing_files(listing):
+    files = getattr(SPEC, listing.lower())
+    assert files, f"{listing} is empty"
+    assert [f for f in files if not (REPO / f).is_file()] == []
+
+
+def test_every_csrc_file_is_listed():
+    on_disk = {
+        p.relative_to(REPO).as_posix()
+        for p in (REPO / "csrc").rglob("*")
+        if p.suffix in {".cu", ".cpp", ".h", ".hpp", ".cuh"}
+    }
+    assert on_disk == set(SPEC.extension_sources) | set(SPEC.extension_headers)
+
+
+def test_gencode_targets_exactly_its_own_arch():
+    for arch in SPEC.archs:
+        number = arch.removeprefix("sm_")
+        assert SPEC.gencode[arch] == f"arch=compute_{number},code=sm_{number}"
+
+
+def test_runtime_tables_match_extension_bzl():
+    capabilities = {
+        arch: f"{major}.{minor}" for (major, minor), arch in _extension.ARCH_BY_CAPABILITY.items()
+    }
+    assert capabilities == SPEC.compute_capability
+    assert SPEC.module_names == _extension.MODULE_NAMES
+
+
+def test_a_malformed_description_is_rejected(tmp_path):
+    bzl = tmp_path / "x.bzl"
+    bzl.write_text('ARCHS = ["sm_90a"]\nFLAGS = select({"//c": []})\n')
+    with pytest.raises(spec.SpecError, match="FLAGS is not a literal"):
+        spec.read_bzl(bzl)
+
+
+# --- the pinned toolchain ------------------------------------------------------------------
+
+
+def test_build_requirements_match_the_lock():
+    project = spec.load_project(REPO)
+    pins = spec.pinned_requirements(project.build_requires)
+    assert len(pins) == len(project.build_requires), "every build requirement must be name==ver"
+    lock = _lock_versions()
+    assert {name: lock.get(name) for name in pins} == pins
+    assert set(TOOLCHAIN_PACKAGES) <= set(pins)
+
+
+def test_cuda_version_is_the_locked_nvcc():
+    assert _lock_versions()["nvidia-cuda-nvcc"] == SPEC.cuda_version
+
+
+def _fake_nvcc(tmp_path: Path, output: str) -> Path:
+    nvcc = tmp_path / "nvcc"
+    nvcc.write_text(f"#!/bin/sh\ncat <<'EOF'\n{output}\nEOF\n")
+    nvcc.chmod(0o755)
+    return nvcc
+
+
+def test_a_different_nvcc_is_refused(tmp_path):
+    nvcc = _fake_nvcc(
+        tmp_path,
+        "nvcc: NVIDIA (R) Cuda compiler driver\nCuda compilation tools, release 13.2, V13.2.51",
+    )
+    with pytest.raises(toolchain.ToolchainError, match=r"nvcc 13\.2\.51.*only with nvcc 13\.0\.88"):
+        toolchain.check_nvcc(nvcc, "13.0.88")
+
+
+def test_the_pinned_nvcc_is_accepted(tmp_path):
+    nvcc = _fake_nvcc(tmp_path, "Cuda compilation tools, release 13.0, V13.0.88")
+    assert toolchain.check_nvcc(nvcc, "13.0.88") == "13.0.88"
+
+
+def test_an_nvcc_without_a_version_is_refused(tmp_path):
+    with pytest.raises(toolchain.ToolchainError, match="printed no version"):
+        toolchain.check_nvcc(_fake_nvcc(tmp_path, "hello"), "13.0.88")
+
+
+def test_nvcc_is_searched_only_in_site_packages(tmp_path):
+    with pytest.raises(toolchain.ToolchainError, match="system nvcc is deliberately never used"):
+        toolchain.find_nvcc([str(tmp_path)])
+    fake = tmp_path / toolchain.NVCC_RELATIVE
+    fake.parent.mkdir(parents=True)
+    fake.write_text("")
+    assert toolchain.find_nvcc(["/nonexistent", str(tmp_path)]) == fake.resolve()
+
+
+def test_a_wrong_build_requirement_version_is_refused():
+    with pytest.raises(toolchain.ToolchainError, match=r"pytest==0\.0\.1 \(found"):
+        toolchain.check_pins({"pytest": "0.0.1"})
+
+
+def test_hidden_compiler_inputs_are_dropped():
+    env = toolchain.clean_environment({"PATH": "/bin", "NVCC_APPEND_FLAGS": "-G"}, 5)
+    assert env["PATH"] == "/bin" and "NVCC_APPEND_FLAGS" not in env
+    assert env["SOURCE_DATE_EPOCH"] == "5"
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("", ("sm_90a", "sm_100a", "sm_103a")), ("sm_90a", ("sm_90a",)), ("sm_103a, sm_90a", None)],
+    ids=["default-all", "one", "two"],
+)
+def test_mok_archs_selects_a_subset(value, expected):
+    got = spec.selected_archs(SPEC, {"MOK_ARCHS": value})
+    assert got == (expected or ("sm_103a", "sm_90a"))
+
+
+def test_mok_archs_rejects_unknown_archs():
+    with pytest.raises(spec.SpecError, match="sm_80"):
+        spec.selected_archs(SPEC, {"MOK_ARCHS": "sm_90a,sm_80"})
+
+
+# --- archives ------------------------------------------------------------------------------
+
+
+def test_wheel_writer_is_deterministic_and_records_hashes(tmp_path):
+    files = {"pkg/b.py": b"b = 1\n", "pkg/a.so": b"\x7fELF", "pkg-1.dist-info/WHEEL": b"W\n"}
+    first, second = tmp_path / "1.whl", tmp_path / "2.whl"
+    archive.write_wheel(first, files, "pkg-1.dist-info", 1_700_000_000)
+    archive.write_wheel(second, dict(reversed(files.items())), "pkg-1.dist-info", 1_700_000_000)
+    assert first.read_bytes() == second.read_bytes()
+    with zipfile.ZipFile(first) as wheel:
+        names = wheel.namelist()
+        assert names == ["pkg/a.so", "pkg/b.py", "pkg-1.dist-info/WHEEL", "pkg-1.dist-info/RECORD"]
+        assert wheel.getinfo("pkg/a.so").external_attr >> 16 == 0o100755
+        record = wheel.read("pkg-1.dist-info/RECORD").decode()
+    assert "pkg/b.py,sha256=" in record and record.endswith("pkg-1.dist-info/RECORD,,\n")
+
+
+def test_source_date_epoch_has_a_fixed_default():
+    assert archive.source_date_epoch({}) == archive.DEFAULT_EPOCH
+    assert archive.source_date_epoch({"SOURCE_DATE_EPOCH": "42"}) == 42
+
+
+# --- the built wheel -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def built_wheel(tmp_path_factory) -> Path:
+    if os.environ.get("MOK_WHEEL"):
+        return Path(os.environ["MOK_WHEEL"])
+    found = sorted((REPO / "dist").glob("mok-*.whl"))
+    if len(found) == 1:
+        return found[0]
+    out = tmp_path_factory.mktemp("wheel")
+    argv = [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out)]
+    subprocess.run(argv, cwd=REPO, check=True, capture_output=True)
+    return next(out.glob("mok-*.whl"))
+
+
+def _wheel_members(path: Path) -> dict[str, bytes]:
+    with zipfile.ZipFile(path) as wheel:
+        return {name: wheel.read(name) for name in wheel.namelist()}
+
+
+def test_wheel_carries_one_module_per_arch(built_wheel):
+    names = _wheel_members(built_wheel).keys()
+    modules = sorted(n for n in names if n.startswith("mok/_C_") and n.endswith(".so"))
+    expected = sorted(f"mok/{SPEC.module_names[arch]}" for arch in SPEC.archs)
+    assert [m.split(".")[0] for m in modules] == expected
+
+
+def test_wheel_name_and_tag(built_wheel):
+    python = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    assert built_wheel.name == f"mok-{mok.__version__}-{python}-{python}-{SPEC.wheel_platform}.whl"
+
+
+def test_wheel_record_matches_its_members(built_wheel):
+    members = _wheel_members(built_wheel)
+    record = members.pop("mok-" + mok.__version__ + ".dist-info/RECORD").decode()
+    for line in record.splitlines()[:-1]:
+        name, digest, size = line.split(",")
+        expected = archive._record_hash(members[name])
+        assert (digest, int(size)) == (expected, len(members[name])), name
+    assert len(record.splitlines()) - 1 == len(members)
+
+
+def test_modules_need_no_newer_glibc_than_the_tag(built_wheel):
+    glibc = tuple(int(p) for p in SPEC.wheel_platform.split("_")[1:3])
+    for name, data in _wheel_members(built_wheel).items():
+        if name.endswith(".so"):
+            assert elf.max_version(elf.required_versions(data), "GLIBC_") <= glibc, name
+
+
+def test_modules_embed_no_build_paths(built_wheel):
+    leaks = re.compile(rb"/(work|root|home|tmp/mok-|tmp/pip-)|site-packages|\.venv|tmpxft")
+    for name, data in _wheel_members(built_wheel).items():
+        if name.endswith(".so"):
+            assert leaks.findall(data) == [], name
+
+
+# --- what is installed ---------------------------------------------------------------------
+
+installed_only = pytest.mark.skipif(
+    os.environ.get("MOK_EXPECT_INSTALLED") != "1",
+    reason="runs against an installed wheel only (tools/test_wheel.sh sets MOK_EXPECT_INSTALLED=1)",
+)
+
+
+@installed_only
+def test_mok_is_imported_from_the_installed_wheel():
+    location = Path(mok.__file__).resolve()
+    assert not location.is_relative_to(REPO / "mok"), (
+        f"mok imported from the source tree: {location}"
+    )
+
+
+@installed_only
+@pytest.mark.parametrize("arch", SPEC.archs)
+def test_installed_module_reports_its_build(arch):
+    assert arch in _extension.installed_archs()
+    info = _extension.load_arch(arch).build_info()
+    assert info["arch"] == arch and info["archs"] == (arch,)
+    assert info["nvcc_version"] == SPEC.cuda_version
+    assert info["version"] == mok.__version__
+
+
+# --- choosing a module ---------------------------------------------------------------------
+
+
+def test_unknown_capability_names_it_and_the_carried_archs(monkeypatch):
+    monkeypatch.setattr(_extension, "installed_archs", lambda: ("sm_90a",))
+    with pytest.raises(
+        NotImplementedError, match=r"compute capability 8\.0 \(A100\).*carries: sm_90a"
+    ):
+        _extension.module_for_capability((8, 0), "A100")
+
+
+def test_missing_module_for_a_known_capability(monkeypatch):
+    monkeypatch.setattr(_extension, "installed_archs", lambda: ())
+    with pytest.raises(NotImplementedError, match=r"10\.3.*sm_103a.*carries: none"):
+        _extension.module_for_capability((10, 3))
+
+
+def test_predicates_are_false_without_a_gpu(monkeypatch):
+    monkeypatch.setattr(_extension.torch.cuda, "is_available", lambda: False)
+    assert not _extension.is_sm90a_supported()
+    assert not _extension.is_sm100a_supported()
+    assert not _extension.is_sm103a_supported()
+
+
+# --- the reproducibility tool --------------------------------------------------------------
+
+
+def _load_repro_check():
+    module_spec = importlib.util.spec_from_file_location(
+        "repro_check", REPO / "tools/repro_check.py"
+    )
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
+def test_repro_check_names_differing_members_and_sections(built_wheel, tmp_path):
+    members = _wheel_members(built_wheel)
+    so_name = next(n for n in members if n.endswith(".so"))
+    data = bytearray(members[so_name])
+    rodata = next(s for s in elf.section_headers(bytes(data)) if s.name == ".rodata")
+    data[rodata.offset] ^= 0xFF
+    for index, payload in enumerate((members[so_name], bytes(data))):
+        with zipfile.ZipFile(tmp_path / f"{index}.whl", "w") as wheel:
+            wheel.writestr(so_name, payload)
+            wheel.writestr("mok/x.py", b"x")
+    report = "\n".join(_load_repro_check().explain(tmp_path / "0.whl", tmp_path / "1.whl"))
+    assert f"differs: {so_name}" in report
+    assert "ELF sections that differ: .rodata" in report
+    assert "mok/x.py" not in report

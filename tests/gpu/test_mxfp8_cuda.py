@@ -1,0 +1,194 @@
+"""The CUDA MXFP8 quantize kernel against the reference (mok.mxfp8.quantize), byte for byte.
+
+Fresh random data every run (the seed is printed, so a failure can be replayed with
+MOK_TEST_SEED), outputs poisoned before the kernel writes them, 2-D and 3-D inputs, both layouts,
+several sizes, and a bandwidth figure next to the measured copy bandwidth.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import statistics
+
+import pytest
+import torch
+
+from mok import _extension, mxfp8
+from mok.backends import cuda as cuda_backend
+
+pytestmark = pytest.mark.gpu
+
+POISON = 0x5A  # neither a plausible scale byte pattern for these inputs nor 0
+
+
+def _skip_reason() -> str | None:
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    major, minor = torch.cuda.get_device_capability()
+    if not _extension.is_supported():
+        return (
+            f"no mok CUDA module for compute capability {major}.{minor} in this installation "
+            f"(it carries: {', '.join(_extension.installed_archs()) or 'none'})"
+        )
+    return None
+
+
+_REASON = _skip_reason()
+requires_module = pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
+
+
+@pytest.fixture(scope="module")
+def seed() -> int:
+    value = int(os.environ.get("MOK_TEST_SEED") or secrets.randbits(31))
+    print(f"\nmxfp8 cuda test seed: MOK_TEST_SEED={value}")
+    return value
+
+
+def _random_bf16(shape: tuple[int, ...], seed: int, special: bool) -> torch.Tensor:
+    """Normal data with a wide per-row dynamic range; `special` adds zero blocks, +-inf, NaN,
+    bf16 subnormals and values at the top of the range."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(shape, generator=gen, device="cuda")
+    exponents = torch.randint(-40, 40, (*shape[:-1], 1), generator=gen, device="cuda")
+    x = (x * torch.exp2(exponents.float())).to(torch.bfloat16)
+    if special:
+        flat = x.view(-1, 32)
+        count = max(1, flat.shape[0] // 64)
+        picks = torch.randint(0, flat.shape[0], (6, count), generator=gen, device="cuda")
+        flat[picks[0]] = 0.0
+        flat[picks[1], 3] = float("inf")
+        flat[picks[2], 7] = float("-inf")
+        flat[picks[3], 11] = float("nan")
+        flat[picks[4]] = flat[picks[4]] * 2.0**-120  # bf16 subnormals and underflow to zero
+        flat[picks[5], 0] = 3.0e38
+    return x
+
+
+def _poisoned(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    return torch.full(shape, POISON, dtype=torch.uint8, device="cuda").view(dtype)
+
+
+def _kernel(x: torch.Tensor, normal: bool, transposed: bool):
+    """Call the extension directly on poisoned output buffers."""
+    module = _extension.module_for_device(x.device)
+    experts, rows, cols = (1, *x.shape) if x.dim() == 2 else x.shape
+    batch = x.shape[:-2]
+    outs = [None, None, None, None]
+    if normal:
+        outs[0] = _poisoned((*batch, rows, cols), torch.float8_e4m3fn)
+        outs[1] = _poisoned((experts * rows // 128, cols // 128, 32, 16), torch.uint8)
+    if transposed:
+        outs[2] = _poisoned((*batch, cols, rows), torch.float8_e4m3fn)
+        outs[3] = _poisoned((experts * cols // 128, rows // 128, 32, 16), torch.uint8)
+    address = [0 if t is None else t.data_ptr() for t in outs]
+    module.mxfp8_quantize(
+        x.data_ptr(), *address, experts, rows, cols, torch.cuda.current_stream().cuda_stream
+    )
+    return tuple(outs)
+
+
+def _reference(x: torch.Tensor, normal: bool, transposed: bool):
+    """The oracle, run on the CPU so that no GPU arithmetic mode can touch it."""
+    return mxfp8.quantize(x.cpu(), normal, transposed)
+
+
+def _assert_same_bytes(got, want, what: str) -> None:
+    for name, g, w in zip(("x_fp8", "x_sc", "x_fp8_t", "x_sc_t"), got, want, strict=True):
+        if w is None:
+            assert g is None, f"{what}: {name} should be None"
+            continue
+        assert g.shape == w.shape and g.dtype == w.dtype, f"{what}: {name} {g.shape} {w.shape}"
+        gb, wb = g.cpu().view(torch.uint8), w.cpu().view(torch.uint8)
+        bad = (gb != wb).nonzero()
+        assert bad.numel() == 0, (
+            f"{what}: {name} differs at {bad.shape[0]} bytes, first at {bad[0].tolist()}: "
+            f"kernel {gb[tuple(bad[0])].item():#04x}, reference {wb[tuple(bad[0])].item():#04x}"
+        )
+
+
+SHAPES = [(128, 128), (256, 384), (640, 128), (1024, 7168), (2, 128, 256), (5, 384, 640)]
+LAYOUTS = [(True, False), (False, True), (True, True)]
+
+
+@requires_module
+@pytest.mark.parametrize("special", [False, True], ids=["randn", "special-values"])
+@pytest.mark.parametrize("layout", LAYOUTS, ids=["normal", "transposed", "both"])
+@pytest.mark.parametrize("shape", SHAPES, ids=["x".join(map(str, s)) for s in SHAPES])
+def test_kernel_matches_reference(shape, layout, special, seed):
+    x = _random_bf16(shape, seed + hash((shape, special)) % 1000, special)
+    got = _kernel(x, *layout)
+    want = _reference(x, *layout)
+    _assert_same_bytes(got, want, f"shape {shape} layout {layout}")
+
+
+@requires_module
+def test_backend_matches_reference_and_is_deterministic(seed):
+    x = _random_bf16((3, 512, 256), seed, special=True)
+    first = cuda_backend.mxfp8_quantize(x, True, True)
+    second = cuda_backend.mxfp8_quantize(x, True, True)
+    _assert_same_bytes(first, _reference(x, True, True), "backend")
+    _assert_same_bytes(first, second, "second run")
+
+
+@requires_module
+def test_backend_accepts_a_non_contiguous_input(seed):
+    base = _random_bf16((256, 384), seed, special=False)
+    x = base.t()  # [384, 256], strided
+    _assert_same_bytes(
+        cuda_backend.mxfp8_quantize(x, True, True), _reference(x, True, True), "transposed view"
+    )
+
+
+@requires_module
+def test_kernel_rejects_bad_arguments():
+    module = _extension.module_for_device()
+    x = torch.zeros(128, 128, dtype=torch.bfloat16, device="cuda")
+    out = torch.empty(128 * 128 + 16, dtype=torch.uint8, device="cuda")
+    stream = torch.cuda.current_stream().cuda_stream
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        module.mxfp8_quantize(
+            x.data_ptr(), out.data_ptr() + 1, out.data_ptr(), 0, 0, 1, 128, 128, stream
+        )
+    with pytest.raises(ValueError, match="multiple of 128"):
+        module.mxfp8_quantize(
+            x.data_ptr(), out.data_ptr(), out.data_ptr(), 0, 0, 1, 100, 128, stream
+        )
+    with pytest.raises(ValueError, match="at least one"):
+        module.mxfp8_quantize(x.data_ptr(), 0, 0, 0, 0, 1, 128, 128, stream)
+
+
+def _median_ms(fn, iterations: int = 20) -> float:
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iterations):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+@requires_module
+@pytest.mark.parametrize("shape", [(8192, 7168), (8, 3072, 7168)], ids=["2d", "3d"])
+def test_bandwidth(shape, capsys):
+    x = torch.randn(shape, device="cuda").to(torch.bfloat16)
+    elements = x.numel()
+    copy_src = torch.empty(elements * 2, dtype=torch.uint8, device="cuda")
+    copy_dst = torch.empty_like(copy_src)
+    copy_gbs = 2 * copy_src.numel() / _median_ms(lambda: copy_dst.copy_(copy_src)) / 1e6
+    with capsys.disabled():
+        print(f"\nmxfp8 quantize {list(shape)} on {torch.cuda.get_device_name()}:")
+        print(f"  device copy (read + write): {copy_gbs:8.0f} GB/s")
+        for normal, transposed in LAYOUTS:
+            layouts = int(normal) + int(transposed)
+            moved = elements * 2 + layouts * (elements + elements // 32)
+            ms = _median_ms(lambda n=normal, t=transposed: cuda_backend.mxfp8_quantize(x, n, t))
+            name = "both" if layouts == 2 else ("normal" if normal else "transposed")
+            print(
+                f"  {name:>10}: {ms * 1e3:8.1f} us  {moved / ms / 1e6:8.0f} GB/s "
+                f"({moved / ms / 1e6 / copy_gbs:5.1%} of copy)"
+            )

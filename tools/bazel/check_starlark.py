@@ -1,0 +1,360 @@
+"""Static checks of the Bazel files, for machines where Bazel >= 7 cannot run.
+
+    python tools/bazel/check_starlark.py [REPO_ROOT]
+
+Prints one line per problem and exits 1 when there is any. It evaluates every MODULE.bazel /
+BUILD.bazel / .bzl with stubbed rules (starlark_eval.py), then checks that
+  - only rules, tags and attributes that the pinned rule-set versions define are used,
+  - every label that names a file in this repository exists,
+  - every tests/**/test_*.py has exactly one py_test,
+  - every source named in tools/build/extension.bzl (and every csrc/ source) is compiled for every
+    architecture, each module carrying only its own architecture,
+  - versions agree: MODULE.bazel pins vs the verified attribute tables, Python, CUDA and pybind11
+    vs requirements.lock and extension.bzl, the wheel's metadata vs pyproject.toml.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+import tomllib
+from pathlib import Path
+
+from pinned_rules import (
+    CUDA_COMPONENTS,
+    CUDA_REDIST_COMPONENTS,
+    EXTENSIONS,
+    MODULE_FUNCTIONS,
+    NATIVE,
+    PINNED_MODULES,
+    RULES,
+    Rule,
+)
+from starlark_eval import Call, Evaluator, evaluate_repository, is_package, label_to_path
+
+PY_TEST = ("@rules_python//python:py_test.bzl", "py_test")
+PY_WHEEL = ("@rules_python//python:packaging.bzl", "py_wheel")
+CUDA_LIBRARY = ("@rules_cuda//cuda:defs.bzl", "cuda_library")
+PYBIND_EXTENSION = ("@pybind11_bazel//:build_defs.bzl", "pybind_extension")
+PIP = ("@rules_python//python/extensions:pip.bzl", "pip")
+PYTHON = ("@rules_python//python/extensions:python.bzl", "python")
+CUDA = ("@rules_cuda//cuda:extensions.bzl", "toolchain")
+
+
+def read_extension(root: Path) -> dict:
+    """tools/build/extension.bzl is plain literal assignments: read them as Python literals."""
+    tree = ast.parse((root / "tools/build/extension.bzl").read_text())
+    return {
+        node.targets[0].id: ast.literal_eval(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
+    }
+
+
+def read_lock(root: Path) -> dict[str, str]:
+    """name -> pinned version of requirements.lock (pip format, one `name==version` per entry)."""
+    pins = re.findall(
+        r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s\\;]+)",
+        (root / "requirements.lock").read_text(),
+        re.M,
+    )
+    return {re.sub(r"[-_.]+", "-", name).lower(): version for name, version in pins}
+
+
+def _spec(call: Call) -> Rule | None:
+    if call.kind == "rule":
+        return RULES.get(call.key)
+    if call.kind == "native":
+        return NATIVE.get(call.key[0])
+    if call.kind == "module":
+        return MODULE_FUNCTIONS.get(call.key[0])
+    return EXTENSIONS.get(call.key[:2], {}).get(call.key[2])
+
+
+def _where(call: Call) -> str:
+    name = call.attrs.get("name", "")
+    what = call.key[-1] if call.kind != "tag" else f"{call.key[1]}.{call.key[2]}"
+    return f"//{call.package}:{name} ({what})" if call.package or name else what
+
+
+def check_attributes(calls: list[Call]) -> list[str]:
+    problems = []
+    for call in calls:
+        spec = _spec(call)
+        if spec is None:
+            problems.append(f"{_where(call)}: not defined by any pinned rule set")
+            continue
+        allowed = spec.attrs | {"name"} if call.kind in ("rule", "native") else spec.attrs
+        for attr in sorted(set(call.attrs) - allowed):
+            problems.append(f"{_where(call)}: attribute '{attr}' is not defined ({spec.source})")
+        for attr in sorted(spec.mandatory - set(call.attrs)):
+            problems.append(f"{_where(call)}: mandatory attribute '{attr}' missing")
+    return problems
+
+
+def _declared(calls: list[Call]) -> set[str]:
+    """Every target name declared, as "package:name" (macros declare name, name.so, ...)."""
+    names = set()
+    for call in calls:
+        name = call.attrs.get("name")
+        if name and call.kind in ("rule", "native"):
+            names |= {f"{call.package}:{name}", f"{call.package}:{name}.so"}
+    return names
+
+
+def _as_list(value) -> list:
+    if isinstance(value, dict):
+        return list(value)
+    return value if isinstance(value, list) else [value]
+
+
+def check_labels(root: Path, calls: list[Call], lock: dict[str, str]) -> list[str]:
+    declared, problems = _declared(calls), []
+    for call in calls:
+        spec = _spec(call)
+        for attr in sorted(spec.label_attrs if spec else ()):
+            for label in _as_list(call.attrs.get(attr, [])):
+                problem = _check_label(root, call, label, declared, lock)
+                if problem:
+                    problems.append(f"{_where(call)}: {attr} {label!r}: {problem}")
+    return problems
+
+
+def _check_label(root: Path, call: Call, label, declared: set[str], lock) -> str | None:
+    if not isinstance(label, str) or label.startswith("@@"):
+        return None
+    if label.startswith("@pypi//"):
+        name = re.sub(r"[-_.]+", "-", label[len("@pypi//") :].split(":")[0]).lower()
+        return None if name in lock else "not a package in requirements.lock"
+    if label.startswith("@"):
+        return None
+    package, name = _split_label(label, call.package)
+    if f"{package}:{name}" in declared:
+        return None
+    path = root / label_to_path(f"//{package}:{name}", "")
+    if not path.is_file():
+        return "no such file or target"
+    owner = next((p for p in [path.parent, *path.parent.parents] if is_package(p)), root)
+    if owner != root / package:
+        return f"file belongs to package //{owner.relative_to(root).as_posix()}"
+    return None
+
+
+def _split_label(label: str, package: str) -> tuple[str, str]:
+    if label.startswith("//"):
+        pkg, sep, name = label[2:].partition(":")
+        return pkg, name if sep else pkg.rsplit("/", 1)[-1]
+    return package, label.lstrip(":")
+
+
+def check_repos(evaluator: Evaluator) -> list[str]:
+    """Every external repository a file loads from or names must come from MODULE.bazel."""
+    known = {"bazel_tools"} | evaluator.extension_repos
+    for call in evaluator.calls:
+        if call.key == ("bazel_dep",):
+            known.add(call.attrs.get("repo_name") or call.attrs["name"])
+    named = set(evaluator.loaded_repos)
+    for call in evaluator.calls:
+        for value in call.attrs.values():
+            named |= {v[1:].split("//")[0] for v in _as_list(value) if _is_external(v)}
+    return [
+        f"@{repo}: not a bazel_dep or use_repo of MODULE.bazel" for repo in sorted(named - known)
+    ]
+
+
+def _is_external(value) -> bool:
+    return (
+        isinstance(value, str)
+        and value.startswith("@")
+        and "//" in value
+        and not value.startswith("@@")
+    )
+
+
+def check_tests(root: Path, calls: list[Call]) -> list[str]:
+    """Each tests/**/test_*.py is in the srcs of exactly one py_test."""
+    owners: dict[str, int] = {}
+    for call in calls:
+        if call.key != PY_TEST:
+            continue
+        for src in call.attrs.get("srcs", []):
+            if not src.startswith("//"):
+                package, name = _split_label(src, call.package)
+                path = f"{package}/{name}"
+                owners[path] = owners.get(path, 0) + 1
+    problems = []
+    for path in sorted(root.glob("tests/**/test_*.py")):
+        rel = path.relative_to(root).as_posix()
+        count = owners.get(rel, 0)
+        if count != 1:
+            problems.append(f"{rel}: {count} py_test targets run it (want exactly 1)")
+    return problems
+
+
+def check_extension(root: Path, calls: list[Call], extension: dict) -> list[str]:
+    """Every listed (and every csrc/) source is compiled into every arch's module, for that arch."""
+    sources = set(extension["EXTENSION_SOURCES"])
+    problems = [
+        f"{s}: listed in extension.bzl but missing"
+        for s in sorted(sources)
+        if not (root / s).is_file()
+    ]
+    on_disk = {
+        p.relative_to(root).as_posix()
+        for ext in ("*.cu", "*.cpp")
+        for p in root.glob(f"csrc/**/{ext}")
+    }
+    problems += [f"{s}: a csrc source not in EXTENSION_SOURCES" for s in sorted(on_disk - sources)]
+    rules = {
+        (c.package, c.attrs.get("name")): c
+        for c in calls
+        if c.key in (CUDA_LIBRARY, PYBIND_EXTENSION)
+    }
+    for arch in extension["ARCHS"]:
+        module = extension["MODULE_NAMES"][arch]
+        found = [
+            c for (pkg, name), c in rules.items() if name == module and c.key == PYBIND_EXTENSION
+        ]
+        if len(found) != 1:
+            problems.append(f"{arch}: want one pybind_extension {module}, found {len(found)}")
+            continue
+        objects = [
+            rules.get(_split_label(d, found[0].package)) for d in found[0].attrs.get("deps", [])
+        ]
+        objects = [o for o in objects if o is not None]
+        built = {label_to_path(s, o.package) for o in objects for s in o.attrs.get("srcs", [])}
+        problems += [f"{arch}: {s} is not compiled into {module}" for s in sorted(sources - built)]
+        code = dict(item.split("=") for item in extension["GENCODE"][arch].split(","))
+        for obj in objects:
+            if obj.attrs.get("archs") != [f"{code['arch']}:{code['code']}"]:
+                problems.append(
+                    f"{obj.attrs['name']}: archs {obj.attrs.get('archs')} is not {arch} alone"
+                )
+    return problems
+
+
+def _tags(calls: list[Call], key: tuple[str, str], tag: str) -> list[dict]:
+    return [c.attrs for c in calls if c.kind == "tag" and c.key == (*key, tag)]
+
+
+def check_versions(
+    root: Path, calls: list[Call], extension: dict, lock: dict[str, str]
+) -> list[str]:
+    problems = []
+    deps = {c.attrs["name"]: c.attrs.get("version") for c in calls if c.key == ("bazel_dep",)}
+    for name, version in sorted(deps.items()):
+        if PINNED_MODULES.get(name) != version:
+            problems.append(
+                f"MODULE.bazel: {name} {version}: attribute tables were read for "
+                f"{PINNED_MODULES.get(name)} (re-read them, then update pinned_rules.py)"
+            )
+    bindings = deps.get("pybind11_bazel", "").split(".bzl.")[0]
+    if lock.get("pybind11") != bindings:
+        problems.append(
+            f"pybind11 {lock.get('pybind11')} in the lock, {bindings} from pybind11_bazel"
+        )
+    problems += _check_python(root, calls)
+    problems += _check_cuda(calls, extension, lock)
+    problems += _check_wheel(root, calls, extension)
+    return problems
+
+
+def _check_python(root: Path, calls: list[Call]) -> list[str]:
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    want = project["requires-python"].removeprefix(">=")
+    problems = []
+    for attrs in _tags(calls, PYTHON, "toolchain") + _tags(calls, PIP, "parse"):
+        if attrs.get("python_version") != want:
+            problems.append(
+                f"MODULE.bazel: python_version {attrs.get('python_version')}, pyproject {want}"
+            )
+    for attrs in _tags(calls, PIP, "parse"):
+        if attrs.get("requirements_lock") != "//:requirements.lock":
+            problems.append("MODULE.bazel: pip.parse must read //:requirements.lock, the one lock")
+    return problems
+
+
+def _check_cuda(calls: list[Call], extension: dict, lock: dict[str, str]) -> list[str]:
+    problems = []
+    redists = _tags(calls, CUDA, "redist_json")
+    if len(redists) != 1 or not re.fullmatch(r"[0-9a-f]{64}", redists[0].get("sha256", "")):
+        return ["MODULE.bazel: exactly one cuda.redist_json, pinned by sha256, is required"]
+    redist = redists[0]
+    components = CUDA_REDIST_COMPONENTS.get(redist.get("version"), {})
+    nvcc = components.get("cuda_nvcc")
+    if nvcc != extension["CUDA_VERSION"] or nvcc != lock.get("nvidia-cuda-nvcc"):
+        problems.append(
+            f"CUDA redist {redist.get('version')} has nvcc {nvcc}; extension.bzl says "
+            f"{extension['CUDA_VERSION']}, the lock nvidia-cuda-nvcc {lock.get('nvidia-cuda-nvcc')}"
+        )
+    unknown = set(redist.get("components", [])) - CUDA_COMPONENTS
+    if unknown or not redist.get("components"):
+        problems.append(
+            f"MODULE.bazel: redist components must be a subset of rules_cuda's: {unknown}"
+        )
+    return problems
+
+
+def _check_wheel(root: Path, calls: list[Call], extension: dict) -> list[str]:
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    wheels = [c.attrs for c in calls if c.key == PY_WHEEL]
+    if len(wheels) != 1:
+        return [f"want exactly one py_wheel, found {len(wheels)}"]
+    wheel, problems = wheels[0], []
+    expected = {
+        "distribution": project["name"],
+        "version": project["version"],
+        "requires": project.get("dependencies", []),
+        "python_requires": project["requires-python"],
+        "stamp": 0,
+        "platform": extension["WHEEL_PLATFORM"],
+        "python_tag": "cp" + project["requires-python"].removeprefix(">=").replace(".", ""),
+    }
+    for attr, want in expected.items():
+        if wheel.get(attr) != want:
+            problems.append(f"py_wheel {attr} = {wheel.get(attr)!r}, pyproject.toml gives {want!r}")
+    return problems
+
+
+def check_bazelrc(root: Path) -> list[str]:
+    problems = []
+    version = (root / ".bazelversion").read_text().strip()
+    if not re.fullmatch(r"8\.\d+\.\d+", version):
+        problems.append(f".bazelversion {version!r} is not a Bazel 8 release")
+    rc = (root / ".bazelrc").read_text()
+    for config in ("cpu", "gpu", "nvl72"):
+        if not re.search(rf"^test:{config} .*--test_tag_filters=", rc, re.M):
+            problems.append(f".bazelrc: config {config} does not select tests by tag")
+    if re.search(r"^\S+\s+--stamp\b", rc, re.M) or "--nostamp" not in rc:
+        problems.append(".bazelrc: builds must not stamp (--nostamp)")
+    return problems
+
+
+def run_checks(root: Path) -> list[str]:
+    """Every problem found under `root`, one line each; empty when all is well."""
+    evaluator: Evaluator = evaluate_repository(root)
+    calls, extension, lock = evaluator.calls, read_extension(root), read_lock(root)
+    return [
+        *evaluator.problems,
+        *check_attributes(calls),
+        *check_labels(root, calls, lock),
+        *check_repos(evaluator),
+        *check_tests(root, calls),
+        *check_extension(root, calls, extension),
+        *check_versions(root, calls, extension, lock),
+        *check_bazelrc(root),
+    ]
+
+
+def main(argv: list[str]) -> int:
+    root = Path(argv[0] if argv else Path(__file__).resolve().parents[2]).resolve()
+    problems = run_checks(root)
+    for problem in problems:
+        print(problem)
+    print(f"{len(problems)} problem(s) in the Bazel files under {root}")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,131 @@
+"""The main job: one EP=2 MoE step (schedule, forward, backward) through the best backend here,
+checked against a dense float64 formulation, with a one-screen summary.
+
+Run: `make demo` (or `python tools/demo.py [--ep N] [--mxfp8]`). Spawns one process per rank:
+gloo on CPU, NCCL when there is a CUDA GPU per rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+T, H, I, E_LOCAL, K, LIMIT = 96, 256, 256, 2, 3, 6.0
+
+
+def dense_reference(x, rw, top, weights, shared):
+    """float64 out[t] = shared(x_t) + sum_k rw[t,k] expert_{top[t,k]}(x_t), and d/d(rw)."""
+
+    def mlp(v, gate, up, down):
+        g = (v @ gate.T).clamp(max=LIMIT)
+        u = (v @ up.T).clamp(-LIMIT, LIMIT)
+        return (torch.nn.functional.silu(g) * u) @ down.T
+
+    x64 = x.double()
+    out = mlp(x64, *(w.double() for w in shared))
+    per_route = torch.stack(
+        [torch.stack([mlp(x64[t], *(w[e].double() for w in weights)) for e in top[t]])
+         for t in range(x.shape[0])]
+    )
+    return out + (rw.double()[..., None] * per_route).sum(1), per_route
+
+
+def make_inputs(rank: int, ep: int, device):
+    generator = torch.Generator().manual_seed(1234)
+
+    def weight(*shape):
+        return (torch.randn(*shape, generator=generator) / shape[-1] ** 0.5).bfloat16()
+
+    experts = ep * E_LOCAL
+    routed = [weight(experts, I, H), weight(experts, I, H), weight(experts, H, I)]
+    shared = [weight(I, H), weight(I, H), weight(H, I)]
+    local = torch.Generator().manual_seed(99 + rank)
+    top = torch.stack([torch.randperm(experts, generator=local)[:K] for _ in range(T)])
+    x = torch.randn(T, H, generator=local).bfloat16()
+    rw = torch.randn(T, K, generator=local)
+    grad = torch.randn(T, H, generator=local).bfloat16()
+    return [t.to(device) for t in (x, rw, top, grad)], routed, shared
+
+
+def run_rank(rank: int, ep: int, port: int, mxfp8: bool, results) -> None:
+    cuda = torch.cuda.device_count() >= ep
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}",
+                            rank=rank, world_size=ep)
+    from mok import functional as F
+    from mok import ops
+
+    (x, rw, top, grad), routed, shared = make_inputs(rank, ep, device)
+    mine = slice(rank * E_LOCAL, (rank + 1) * E_LOCAL)
+    local = [w[mine].contiguous().to(device) for w in routed]
+    config = F.MoKConfig(fwd_num_comm_sms=8, bwd_num_comm_sms=8, schedule_capacity_multiplier=1.0)
+    ws = F.get_workspace(config, None, device=device, num_local_tokens=T, hidden_size=H, topk=K)
+    fwd_w, bwd_w = local, local
+    if mxfp8:
+        forms = [ops.mxfp8_quantize(w, True, True) for w in local]
+        fwd_w = [tuple(f[:2]) for f in forms]
+        bwd_w = [tuple(forms[0]), tuple(forms[1]), tuple(forms[2][2:])]
+    shared_d = [w.to(device) for w in shared]
+    start = time.perf_counter()
+    schedule = F.build_schedule(ws, config, top, num_local_experts=E_LOCAL)
+    out, ctx = F.forward(config, ws, schedule, x, rw, *shared_d, *fwd_w, swiglu_limit=LIMIT)
+    grads = F.backward(config, ws, schedule, ctx, grad, x, rw, *shared_d, *bwd_w,
+                       swiglu_limit=LIMIT)
+    F.check_status(ws)
+    elapsed = time.perf_counter() - start
+    ref_out, per_route = dense_reference(x.cpu(), rw.cpu(), top.cpu(), routed, shared)
+    ref_drw = (grad.cpu().double()[:, None, :] * per_route).sum(-1)
+    results[rank] = {
+        "device": str(device),
+        "out": _errors(out.cpu(), ref_out),
+        "d_router_weights": _errors(grads[1].cpu(), ref_drw),
+        "seconds": elapsed,
+    }
+    dist.destroy_process_group()
+
+
+def _errors(got: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    diff = (got.double() - ref).abs()
+    return float(diff.max()), float(diff.sum() / ref.abs().sum())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ep", type=int, default=2, help="expert-parallel ranks (default 2)")
+    parser.add_argument("--mxfp8", action="store_true", help="MXFP8 routed experts")
+    args = parser.parse_args()
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    results = mp.Manager().dict()
+    mp.spawn(run_rank, args=(args.ep, port, args.mxfp8, results), nprocs=args.ep, join=True)
+    mode = "MXFP8" if args.mxfp8 else "BF16"
+    print(f"mok demo: EP={args.ep}, T={T} tokens/rank, H={H}, I={I}, {E_LOCAL} experts/rank, "
+          f"top-{K}, {mode}, shared expert, swiglu_limit={LIMIT}")
+    print(f"{'rank':>4} {'device':>8} {'out max|d|':>11} {'out rel':>9} {'drw max|d|':>11} "
+          f"{'drw rel':>9} {'step s':>7}")
+    worst = 0.0
+    for rank in range(args.ep):
+        r = results[rank]
+        (om, orel), (dm, drel) = r["out"], r["d_router_weights"]
+        worst = max(worst, orel, drel)
+        print(f"{rank:>4} {r['device']:>8} {om:>11.4f} {orel:>9.2e} {dm:>11.4f} {drel:>9.2e} "
+              f"{r['seconds']:>7.2f}")
+    bound = 0.1 if args.mxfp8 else 0.01
+    verdict = "PASS" if worst <= bound else "FAIL"
+    print(f"{verdict}: worst relative error {worst:.2e} against the float64 dense formulation "
+          f"(bound {bound})")
+    return 0 if verdict == "PASS" else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
