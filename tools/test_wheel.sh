@@ -57,4 +57,5 @@ print("test_wheel: mok", mok.__version__, "from", mok.__file__)
 print("test_wheel: compiled modules for", ", ".join(ext.installed_archs()) or "no arch")
 '
 export MOK_EXPECT_INSTALLED=1 MOK_WHEEL="$wheel"
-exec "$fresh/bin/pytest" --import-mode=importlib -p no:cacheprovider tests "$@"
+# No path given: pytest takes testpaths (tests/) from pyproject.toml.
+exec "$fresh/bin/pytest" --import-mode=importlib -p no:cacheprovider "$@"
