@@ -142,33 +142,14 @@ def forward(
     Shared weights: bf16 gate/up [I, H], down [H, I], or all None. Routed weights: bf16 gate/up
     [E, I, H], down [E, H, I] (BF16 mode), or (fp8, scale) pairs from ops.mxfp8_quantize (MXFP8).
     """
-    mxfp8 = validate_inputs(
-        config,
-        workspace,
-        schedule,
-        x,
-        router_weights,
-        shared_gate_weights,
-        shared_up_weights,
-        shared_down_weights,
-        routed_gate_weights,
-        routed_up_weights,
-        routed_down_weights,
-        swiglu_limit,
-    )
+    shared = (shared_gate_weights, shared_up_weights, shared_down_weights)
+    routed = (routed_gate_weights, routed_up_weights, routed_down_weights)
+    args = (config, workspace, schedule, x, router_weights, *shared, *routed, swiglu_limit)
+    mxfp8 = validate_inputs(*args)
     ws = workspace
     ws.x_buffer.copy_(x)
     head = (ws.x_buffer, ws.x_buffer_ptrs, ws.combine_buffer, ws.combine_buffer_ptrs)
-    tail = (
-        *schedule.as_tuple(),
-        ws.topk,
-        swiglu_limit,
-        config.fwd_num_comm_sms,
-        config.macrobatch_size,
-        config.minibatch_size,
-        ws.group_name,
-    )
-    shared = (shared_gate_weights, shared_up_weights, shared_down_weights)
+    tail = _tail(config, ws, schedule, swiglu_limit, config.fwd_num_comm_sms)
     if mxfp8:
         weights = _interleave(shared, routed_gate_weights, routed_up_weights, routed_down_weights)
         out = ops.dispatch_mlp_swiglu_combine_fwd_mxfp8(*head, *weights, *tail)
@@ -186,6 +167,19 @@ def forward(
     output = ops.fwd_epilogue(y_shared, ws.combine_buffer, router_weights)
     _debug_check(ws)
     return output, ctx
+
+
+def _tail(config, ws, schedule, swiglu_limit, num_comm_sms) -> tuple:
+    """The trailing arguments every fused-pass op takes, in the original's order."""
+    return (
+        *schedule.as_tuple(),
+        ws.topk,
+        swiglu_limit,
+        num_comm_sms,
+        config.macrobatch_size,
+        config.minibatch_size,
+        ws.group_name,
+    )
 
 
 def _absent_to_none(outputs, shared_gate_weights, shared_positions) -> tuple:
@@ -227,21 +221,10 @@ def backward(
 
     MXFP8 weight forms: gate and up (fp8, scale, fp8_t, scale_t), down (fp8_t, scale_t).
     """
-    mxfp8 = validate_inputs(
-        config,
-        workspace,
-        schedule,
-        x,
-        router_weights,
-        shared_gate_weights,
-        shared_up_weights,
-        shared_down_weights,
-        routed_gate_weights,
-        routed_up_weights,
-        routed_down_weights,
-        swiglu_limit,
-        backward=True,
-    )
+    shared = (shared_gate_weights, shared_up_weights, shared_down_weights)
+    routed = (routed_gate_weights, routed_up_weights, routed_down_weights)
+    args = (config, workspace, schedule, x, router_weights, *shared, *routed, swiglu_limit)
+    mxfp8 = validate_inputs(*args, backward=True)
     if not isinstance(forward_context, MoKForwardContext):
         raise TypeError(
             f"`forward_context` must be a MoKForwardContext, got {describe(forward_context)}"
@@ -268,16 +251,7 @@ def backward(
         ws.d_router_weight_buffer,
         ws.d_router_weight_buffer_ptrs,
     )
-    tail = (
-        *schedule.as_tuple(),
-        ws.topk,
-        swiglu_limit,
-        config.bwd_num_comm_sms,
-        config.macrobatch_size,
-        config.minibatch_size,
-        ws.group_name,
-    )
-    shared = (shared_gate_weights, shared_up_weights, shared_down_weights)
+    tail = _tail(config, ws, schedule, swiglu_limit, config.bwd_num_comm_sms)
     c = forward_context
     if mxfp8:
         gate, up, down = routed_gate_weights, routed_up_weights, routed_down_weights
