@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from mok import backends
 from mok import mxfp8 as mxfp8_format
 from mok._checks import check_tensor
 from mok._moe_bwd_ops import (  # noqa: F401  (re-exported: the fused passes)
@@ -153,14 +154,12 @@ def _(x_bf16, return_normal, return_transposed):
 
 
 def _cuda_backend(tensor: torch.Tensor):
-    """The CUDA extension module's wrapper when it has kernels for this device, else None."""
-    if not tensor.is_cuda:
+    """The CUDA backend module when it serves this tensor's device (see mok.backends), else None."""
+    if not backends.uses_cuda(tensor.device):
         return None
-    try:
-        from mok.backends import cuda
-    except ImportError:
-        return None
-    return cuda if cuda.available(tensor.device) else None
+    from mok.backends import cuda
+
+    return cuda
 
 
 @torch.library.custom_op("mok::fwd_epilogue", mutates_args=())
