@@ -1,0 +1,212 @@
+"""The functional path on the CUDA backend against the reference backend, on the same GPUs.
+
+Run: torchrun --nproc-per-node=N -m pytest tests/gpu/test_functional_cuda.py (N = 1 or 2; the
+multi-rank cases need N >= 2). Every case draws fresh random data (seed printed), compares the
+CUDA backend's output and gradients with the reference backend's (MOK_BACKEND=reference) using
+the tolerances of DESIGN.md §7, and poisons the workspace buffers between runs.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from mok import functional as F
+from mok import ops
+
+pytestmark = pytest.mark.gpu
+
+# name: (tokens per rank, hidden, intermediate, local experts, topk, routing)
+CASES = {
+    "smallest": (1, 128, 128, 1, 1, "uniform"),
+    "dsv4-like": (256, 7168, 3072, 2, 6, "uniform"),
+    "qwen3-235b-like": (512, 4096, 1536, 4, 8, "uniform"),
+    "all-to-one-expert": (300, 1024, 512, 3, 1, "one-expert"),
+    "empty-experts": (200, 1024, 512, 4, 2, "first-half"),
+    "one-rank-receives-all": (256, 1024, 512, 2, 4, "rank0"),
+}
+TOLERANCE = {"bf16": (0.5, 0.01), "mxfp8": (1.0, 0.1)}
+GRAD_NAMES = ("d_x", "d_router_weights", "d_gate", "d_up", "d_down", "d_sgate", "d_sup", "d_sdown")
+
+
+def _seed() -> int:
+    seed = int(os.environ.get("MOK_TEST_SEED", time.time_ns() % 2**31))
+    tensor = torch.tensor([seed], device="cuda")
+    dist.broadcast(tensor, 0)
+    print(f"seed {int(tensor)} (replay with MOK_TEST_SEED)")
+    return int(tensor)
+
+
+def _routing(kind, tokens, topk, experts_total, local, generator):
+    device = "cuda"
+    if kind == "one-expert":
+        return torch.zeros(tokens, topk, dtype=torch.int64, device=device)
+    pool = {"uniform": experts_total, "first-half": max(experts_total // 2, topk), "rank0": local}[
+        kind
+    ]
+    scores = torch.rand(tokens, pool, generator=generator, device=device)
+    return scores.topk(topk, dim=1).indices
+
+
+def _make(case, seed):
+    tokens, hidden, inter, local, topk, kind = case
+    rank, ep = dist.get_rank(), dist.get_world_size()
+    shared_gen = torch.Generator(device="cuda").manual_seed(seed)
+    local_gen = torch.Generator(device="cuda").manual_seed(seed + 1 + rank)
+
+    def weight(*shape, generator=local_gen):
+        scale = shape[-1] ** -0.5
+        return (torch.randn(*shape, generator=generator, device="cuda") * scale).bfloat16()
+
+    return {
+        "top": _routing(kind, tokens, min(topk, ep * local), ep * local, local, local_gen),
+        "x": torch.randn(tokens, hidden, generator=local_gen, device="cuda").bfloat16(),
+        "rw": torch.randn(tokens, min(topk, ep * local), generator=local_gen, device="cuda"),
+        "grad": torch.randn(tokens, hidden, generator=local_gen, device="cuda").bfloat16(),
+        "shared": (
+            weight(inter, hidden, generator=shared_gen),
+            weight(inter, hidden, generator=shared_gen),
+            weight(hidden, inter, generator=shared_gen),
+        ),
+        "routed": (
+            weight(local, inter, hidden),
+            weight(local, inter, hidden),
+            weight(local, hidden, inter),
+        ),
+    }
+
+
+def _weights(routed, mode):
+    if mode == "bf16":
+        return routed, routed
+    forms = [ops.mxfp8_quantize(w, True, True) for w in routed]
+    fwd = [tuple(f[:2]) for f in forms]
+    return fwd, [tuple(forms[0]), tuple(forms[1]), tuple(forms[2][2:])]
+
+
+def _step(ws, config, data, mode, limit=8.0):
+    fwd_w, bwd_w = _weights(data["routed"], mode)
+    for buffer in (ws.combine_buffer, ws.d_x_routed_buffer):
+        buffer.fill_(float("nan"))
+    local = data["routed"][0].shape[0]
+    schedule = F.build_schedule(ws, config, data["top"], num_local_experts=local)
+    out, ctx = F.forward(
+        config, ws, schedule, data["x"], data["rw"], *data["shared"], *fwd_w, swiglu_limit=limit
+    )
+    grads = F.backward(
+        config,
+        ws,
+        schedule,
+        ctx,
+        data["grad"],
+        data["x"],
+        data["rw"],
+        *data["shared"],
+        *bwd_w,
+        swiglu_limit=limit,
+    )
+    F.check_status(ws)
+    return [out, *grads]
+
+
+def _workspace(group, data):
+    tokens, hidden = data["x"].shape
+    config = F.MoKConfig(fwd_num_comm_sms=16, bwd_num_comm_sms=16, schedule_capacity_multiplier=1.0)
+    ws = F.create_workspace(
+        config,
+        group,
+        device=torch.device("cuda"),
+        num_local_tokens=tokens,
+        hidden_size=hidden,
+        topk=data["top"].shape[1],
+    )
+    return config, ws
+
+
+def _compare(name, got, ref, bounds):
+    max_bound, rel_bound = bounds
+    assert torch.isfinite(got.float()).all(), f"{name}: non-finite values"
+    diff = (got.double() - ref.double()).abs()
+    rel = float(diff.sum() / ref.double().abs().sum().clamp(min=1e-30))
+    assert float(diff.max()) <= max_bound and rel <= rel_bound, (
+        f"{name}: max|diff| {float(diff.max()):.4f} (bound {max_bound}), rel {rel:.2e} "
+        f"(bound {rel_bound})"
+    )
+
+
+@pytest.mark.parametrize("mode", ["bf16", "mxfp8"])
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_matches_reference(nccl_group, monkeypatch, case, mode):
+    data = _make(case, _seed())
+    config, ws = _workspace(nccl_group, data)
+    got = _step(ws, config, data, mode)
+    monkeypatch.setenv("MOK_BACKEND", "reference")
+    ref = _step(ws, config, data, mode)
+    for name, g, r in zip(("out", *GRAD_NAMES), got, ref, strict=True):
+        _compare(name, g, r, TOLERANCE[mode])
+
+
+@pytest.mark.parametrize("mode", ["bf16", "mxfp8"])
+def test_bitwise_deterministic(nccl_group, mode):
+    data = _make(CASES["qwen3-235b-like"], _seed())
+    config, ws = _workspace(nccl_group, data)
+    first = _step(ws, config, data, mode)
+    for _ in range(4):
+        again = _step(ws, config, data, mode)
+        for name, a, b in zip(("out", *GRAD_NAMES), first, again, strict=True):
+            assert torch.equal(a, b), f"{name} changed between identical runs"
+
+
+def test_cuda_graph_step_replays_with_new_inputs(nccl_group):
+    seed = _seed()
+    data = _make(CASES["qwen3-235b-like"], seed)
+    config, ws = _workspace(nccl_group, data)
+    static = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in data.items()}
+    _step(ws, config, static, "bf16")  # warm-up: module load, pointer tables, allocator
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = _step_no_check(ws, config, static)
+    fresh = _make(CASES["qwen3-235b-like"], seed + 1000)
+    for key in ("top", "x", "rw", "grad"):
+        static[key].copy_(fresh[key])
+    graph.replay()
+    torch.cuda.synchronize()
+    eager = _step(
+        ws, config, {**fresh, "shared": static["shared"], "routed": static["routed"]}, "bf16"
+    )
+    for name, a, b in zip(("out", *GRAD_NAMES), captured, eager, strict=True):
+        assert torch.equal(a, b), f"{name}: graph replay differs from eager"
+
+
+def _step_no_check(ws, config, data):
+    """A whole step without check_status (its host sync cannot be captured)."""
+    local = data["routed"][0].shape[0]
+    schedule = F.build_schedule(ws, config, data["top"], num_local_experts=local)
+    out, ctx = F.forward(
+        config,
+        ws,
+        schedule,
+        data["x"],
+        data["rw"],
+        *data["shared"],
+        *data["routed"],
+        swiglu_limit=8.0,
+    )
+    grads = F.backward(
+        config,
+        ws,
+        schedule,
+        ctx,
+        data["grad"],
+        data["x"],
+        data["rw"],
+        *data["shared"],
+        *data["routed"],
+        swiglu_limit=8.0,
+    )
+    return [out, *grads]
