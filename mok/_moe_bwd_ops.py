@@ -14,7 +14,7 @@ import torch
 
 from mok import _validate
 from mok._moe_ops import OptTensor, Tensor, _common, _shared, present
-from mok.backends import reference_moe
+from mok.backends import moe, select_engine
 
 _MUTATED = ("d_x_routed_buffer", "d_router_weight_buffer")
 _OUT = tuple[
@@ -170,10 +170,21 @@ def dispatch_mlp_swiglu_combine_bwd_mxfp8(
     )
 
 
-def _backward(grads, buffers, shared, routed, saved, shared_saved, x, *rest):
+def _backward(
+    grads, buffers, shared, routed, saved, shared_saved, x, schedule, topk, limit, group_name, mxfp8
+):
+    names = ("d_y_buffer", "router_weight_buffer", "d_x_routed_buffer", "d_router_weight_buffer")
+    engine = select_engine(
+        x.device,
+        dict(zip(names, (*grads, *buffers), strict=True)) | {"x_buffer": x},
+        topk,
+        group_name,
+    )
     if shared is None:
         shared_saved = None
-    outputs = reference_moe.backward(grads, buffers, shared, routed, saved, shared_saved, x, *rest)
+    outputs = moe.backward(
+        engine, grads[0], shared, routed, saved, shared_saved, x, schedule, limit, mxfp8
+    )
     return present(outputs, x)
 
 

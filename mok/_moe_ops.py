@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from mok import _validate
-from mok.backends import reference_moe
+from mok.backends import moe, select_engine
 
 Tensor = torch.Tensor
 OptTensor = torch.Tensor | None
@@ -57,9 +57,10 @@ def dispatch_mlp_swiglu_combine_fwd_bf16(
     routed = (w_routed_gate, w_routed_up, w_routed_down)
     _validate.check_routed_bf16(routed, x.shape[1], x.device)
     shared = _shared(w_shared_gate, w_shared_up, w_shared_down)
-    saved, y, shared_out = reference_moe.forward(
-        x, combine_buffer, shared, routed, schedule, topk, swiglu_limit, group_name, False
+    engine = select_engine(
+        x.device, {"x_buffer": x, "combine_buffer": combine_buffer}, topk, group_name
     )
+    saved, y, shared_out = moe.forward(engine, x, shared, routed, schedule, swiglu_limit, False)
     x_rows, gate, up, hidden = saved
     g_s, u_s, h_s, y_s = present(shared_out, x)
     return x_rows, g_s, gate, u_s, up, h_s, hidden, y_s, y
@@ -152,9 +153,10 @@ def dispatch_mlp_swiglu_combine_fwd_mxfp8(
     )
     _validate.check_routed_mxfp8(routed, x.shape[1], x.device, backward=False)
     shared = _shared(w_shared_gate, w_shared_up, w_shared_down)
-    saved, y, shared_out = reference_moe.forward(
-        x, combine_buffer, shared, routed, schedule, topk, swiglu_limit, group_name, True
+    engine = select_engine(
+        x.device, {"x_buffer": x, "combine_buffer": combine_buffer}, topk, group_name
     )
+    saved, y, shared_out = moe.forward(engine, x, shared, routed, schedule, swiglu_limit, True)
     (x_t, x_t_sc), (gate, gate_sc), (up, up_sc), (hidden_t, hidden_t_sc) = saved
     g_s, u_s, h_s, y_s = present(shared_out, x)
     return (x_t, x_t_sc, g_s, gate, gate_sc, u_s, up, up_sc, h_s, hidden_t, hidden_t_sc, y_s, y)

@@ -12,6 +12,7 @@ import torch
 
 INVALID_EXPERT_ID = 1
 CAPACITY_OVERFLOW = 2
+TIMEOUT = 4
 
 _MESSAGES = {
     INVALID_EXPERT_ID: (
@@ -22,6 +23,11 @@ _MESSAGES = {
         "a rank received more routed rows than the schedule capacity "
         "(schedule_capacity_multiplier * EP * T * k); the extra routes contributed zero. "
         "Raise MoKConfig.schedule_capacity_multiplier (1.0 can never overflow)"
+    ),
+    TIMEOUT: (
+        "a device-side barrier gave up waiting for another rank of the EP group "
+        "(MOK_COMM_TIMEOUT_S, default 5 s): a rank crashed, is stalled, or ran a different "
+        "sequence of mok ops; data exchanged after the timeout is unreliable"
     ),
 }
 

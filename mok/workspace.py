@@ -75,6 +75,9 @@ class MoKWorkspace:
     all_gather_top_experts_buffer_multicast_ptr: None = None
     barrier_buffer_multicast_ptr: None = None
     capacity_multiplier: float = field(default=0.5)
+    # mok: `<name>_ptrs` of every symmetric buffer as an int64 [EP] device tensor, built once at
+    # creation so CUDA kernels index peers on the device (empty off CUDA).
+    peer_ptr_tables: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def schedule_rows(self, num_local_experts: int) -> int:
         """Rows of a schedule: the routed-row capacity plus 256 per local expert, so the
@@ -128,7 +131,36 @@ def _allocate(name: str, shape: tuple[int, ...], dtype: torch.dtype, device, gro
     buffer = symm_mem.empty(shape, dtype=dtype, device=device)
     buffer.zero_()
     handle = symm_mem.rendezvous(buffer, group)
-    return buffer, handle, [int(p) for p in handle.buffer_ptrs]
+    # buffer_ptrs are the peers' allocation bases; symmetric memory's pool can place the tensor
+    # at an offset inside its allocation (the same on every rank: _peer_tables checks it).
+    offset = buffer.data_ptr() - int(handle.buffer_ptrs[handle.rank])
+    return buffer, handle, [int(p) + offset for p in handle.buffer_ptrs]
+
+
+def _peer_tables(buffers: dict, group, device: torch.device) -> dict[str, torch.Tensor]:
+    """`<name>_ptrs` as int64 [EP] device tensors, after checking that every rank placed each
+    buffer at the same offset of its allocation and that every address is 16-byte aligned."""
+    if device.type != "cuda":
+        return {}
+    names = list(_SYMMETRIC_BUFFERS)
+    offsets = [
+        buffers[n].data_ptr() - int(buffers[f"{n}_handle"].buffer_ptrs[dist.get_rank(group)])
+        for n in names
+    ]
+    mine = torch.tensor(offsets, dtype=torch.int64, device=device)
+    gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(gathered, mine, group=group)
+    for rank, theirs in enumerate(gathered):
+        for name, a, b in zip(names, offsets, theirs.tolist(), strict=True):
+            if a != b:
+                raise RuntimeError(
+                    f"symmetric buffer `{name}` sits at offset {a} of its allocation on this "
+                    f"rank but {b} on rank {rank}: create workspaces in the same order everywhere"
+                )
+    for name in names:
+        if any(p % 16 for p in buffers[f"{name}_ptrs"]):
+            raise RuntimeError(f"symmetric buffer `{name}` is not 16-byte aligned on every rank")
+    return {n: torch.tensor(buffers[f"{n}_ptrs"], dtype=torch.int64, device=device) for n in names}
 
 
 def _check_same_sizes(group, device, sizes: tuple[int, int, int]) -> None:
@@ -182,6 +214,7 @@ def create_workspace(
         barrier_target=torch.zeros(1, dtype=torch.int32, device=device),
         status=torch.zeros(1, dtype=torch.int32, device=device),
         capacity_multiplier=config.schedule_capacity_multiplier,
+        peer_ptr_tables=_peer_tables(buffers, group, device),
         **buffers,
     )
 

@@ -30,8 +30,10 @@ def dense_reference(x, rw, top, weights, shared):
     x64 = x.double()
     out = mlp(x64, *(w.double() for w in shared))
     per_route = torch.stack(
-        [torch.stack([mlp(x64[t], *(w[e].double() for w in weights)) for e in top[t]])
-         for t in range(x.shape[0])]
+        [
+            torch.stack([mlp(x64[t], *(w[e].double() for w in weights)) for e in top[t]])
+            for t in range(x.shape[0])
+        ]
     )
     return out + (rw.double()[..., None] * per_route).sum(1), per_route
 
@@ -58,8 +60,9 @@ def run_rank(rank: int, ep: int, port: int, mxfp8: bool, results) -> None:
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}",
-                            rank=rank, world_size=ep)
+    dist.init_process_group(
+        "nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ep
+    )
     from mok import functional as F
     from mok import ops
 
@@ -77,8 +80,9 @@ def run_rank(rank: int, ep: int, port: int, mxfp8: bool, results) -> None:
     start = time.perf_counter()
     schedule = F.build_schedule(ws, config, top, num_local_experts=E_LOCAL)
     out, ctx = F.forward(config, ws, schedule, x, rw, *shared_d, *fwd_w, swiglu_limit=LIMIT)
-    grads = F.backward(config, ws, schedule, ctx, grad, x, rw, *shared_d, *bwd_w,
-                       swiglu_limit=LIMIT)
+    grads = F.backward(
+        config, ws, schedule, ctx, grad, x, rw, *shared_d, *bwd_w, swiglu_limit=LIMIT
+    )
     F.check_status(ws)
     elapsed = time.perf_counter() - start
     ref_out, per_route = dense_reference(x.cpu(), rw.cpu(), top.cpu(), routed, shared)
@@ -109,21 +113,29 @@ def main() -> int:
     results = mp.Manager().dict()
     mp.spawn(run_rank, args=(args.ep, port, args.mxfp8, results), nprocs=args.ep, join=True)
     mode = "MXFP8" if args.mxfp8 else "BF16"
-    print(f"mok demo: EP={args.ep}, T={T} tokens/rank, H={H}, I={I}, {E_LOCAL} experts/rank, "
-          f"top-{K}, {mode}, shared expert, swiglu_limit={LIMIT}")
-    print(f"{'rank':>4} {'device':>8} {'out max|d|':>11} {'out rel':>9} {'drw max|d|':>11} "
-          f"{'drw rel':>9} {'step s':>7}")
+    print(
+        f"mok demo: EP={args.ep}, T={T} tokens/rank, H={H}, I={I}, {E_LOCAL} experts/rank, "
+        f"top-{K}, {mode}, shared expert, swiglu_limit={LIMIT}"
+    )
+    print(
+        f"{'rank':>4} {'device':>8} {'out max|d|':>11} {'out rel':>9} {'drw max|d|':>11} "
+        f"{'drw rel':>9} {'step s':>7}"
+    )
     worst = 0.0
     for rank in range(args.ep):
         r = results[rank]
         (om, orel), (dm, drel) = r["out"], r["d_router_weights"]
         worst = max(worst, orel, drel)
-        print(f"{rank:>4} {r['device']:>8} {om:>11.4f} {orel:>9.2e} {dm:>11.4f} {drel:>9.2e} "
-              f"{r['seconds']:>7.2f}")
+        print(
+            f"{rank:>4} {r['device']:>8} {om:>11.4f} {orel:>9.2e} {dm:>11.4f} {drel:>9.2e} "
+            f"{r['seconds']:>7.2f}"
+        )
     bound = 0.1 if args.mxfp8 else 0.01
     verdict = "PASS" if worst <= bound else "FAIL"
-    print(f"{verdict}: worst relative error {worst:.2e} against the float64 dense formulation "
-          f"(bound {bound})")
+    print(
+        f"{verdict}: worst relative error {worst:.2e} against the float64 dense formulation "
+        f"(bound {bound})"
+    )
     return 0 if verdict == "PASS" else 1
 
 

@@ -36,3 +36,16 @@ def uses_cuda(device: torch.device) -> bool:
 
     _extension.module_for_device(device)  # NotImplementedError for an unsupported device
     return True
+
+
+def select_engine(
+    device: torch.device, buffers: dict[str, torch.Tensor], topk: int, group_name: str
+):
+    """The engine of mok.backends.moe for tensors on `device` (see `uses_cuda`)."""
+    if uses_cuda(device):
+        from mok.backends.cuda_moe import CudaEngine
+
+        return CudaEngine.for_buffers(buffers)
+    from mok.backends.reference import ReferenceEngine
+
+    return ReferenceEngine(buffers, topk, group_name)

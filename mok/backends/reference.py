@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from mok import status as device_status
+from mok.backends import reference_experts as experts
 
 
 def resolve_group(group_name: str) -> dist.ProcessGroup:
@@ -127,3 +128,35 @@ def push_rows(rows: torch.Tensor, peer_rank, peer_token_idx, destination: torch.
     landing = torch.zeros(slots + 1, *rows.shape[1:], dtype=rows.dtype, device=rows.device)
     landing.index_copy_(0, target, all_rows)
     destination.copy_(landing[:slots].reshape(destination.shape))
+
+
+class ReferenceEngine:
+    """The reference backend's side of mok.backends.moe: collectives and masked fp32 GEMMs.
+
+    `buffers` maps the workspace buffer names the passes use (x_buffer, d_y_buffer,
+    router_weight_buffer, combine_buffer, d_x_routed_buffer, d_router_weight_buffer) to this
+    rank's tensors; `group_name` names the EP group.
+    """
+
+    def __init__(self, buffers: dict[str, torch.Tensor], topk: int, group_name: str):
+        self.buffers, self.topk, self.group_name = buffers, topk, group_name
+
+    def pull(self, name: str, schedule) -> torch.Tensor:
+        return pull_rows(self.buffers[name], schedule[0], schedule[1], self.topk, self.group_name)
+
+    def pull_router_weights(self, schedule) -> torch.Tensor:
+        weights = self.buffers["router_weight_buffer"]
+        return pull_router_weights(weights, schedule[0], schedule[1], self.group_name)
+
+    def push(self, rows: torch.Tensor, schedule, name: str) -> None:
+        destination = self.buffers[name].view(-1, *rows.shape[1:])
+        push_rows(rows, schedule[0], schedule[1], destination, self.group_name)
+
+    @staticmethod
+    def routed_gemms(schedule, num_experts: int) -> experts.MaskedGemms:
+        rows = schedule[0].shape[0]
+        return experts.MaskedGemms(experts.row_experts(schedule[3], schedule[2], rows), num_experts)
+
+    def shared_gemms(self, tokens: int) -> experts.MaskedGemms:
+        device = self.buffers["x_buffer"].device
+        return experts.MaskedGemms(torch.zeros(tokens, dtype=torch.int64, device=device), 1)

@@ -54,6 +54,28 @@ def grouped_weight_grad(d_out: torch.Tensor, a: torch.Tensor, row_expert, num_ex
     return torch.stack(grads)
 
 
+class MaskedGemms:
+    """The reference's expert GEMMs: one masked fp32 product per expert (slow, exact zeros).
+
+    Every engine offers `linear(a, weight) -> fp32 [R, N]`, `weight_grad(d_out, a) -> fp32
+    [E, N, K]`, `quantize(t, normal, transposed)` (the MXFP8 quantizer) and `num_experts`; the
+    expert math below is written once against that interface for every backend.
+    """
+
+    def __init__(self, row_expert: torch.Tensor, num_experts: int):
+        self.row_expert, self.num_experts = row_expert, num_experts
+
+    def linear(self, a: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return grouped_linear(a, weight, self.row_expert)
+
+    def weight_grad(self, d_out: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        return grouped_weight_grad(d_out, a, self.row_expert, self.num_experts)
+
+    @staticmethod
+    def quantize(t: torch.Tensor, normal: bool, transposed: bool):
+        return mxfp8.quantize(t, normal, transposed)
+
+
 def _clamped(gate: torch.Tensor, up: torch.Tensor, limit: float | None):
     if limit is None:
         return gate, up
@@ -78,15 +100,15 @@ def swiglu_backward(d_hidden, gate, up, limit: float | None):
     return d_gate, d_up
 
 
-def mx_round(t: torch.Tensor) -> torch.Tensor:
+def mx_round(t: torch.Tensor, gemm) -> torch.Tensor:
     """The values an MXFP8 GEMM sees for `t` quantized along its last dim (fp32)."""
-    data, scales, _, _ = mxfp8.quantize(t.to(torch.bfloat16), True, False)
+    data, scales, _, _ = gemm.quantize(t.to(torch.bfloat16), True, False)
     return mxfp8.dequantize(data, scales)
 
 
-def mx_round_rows(t: torch.Tensor) -> torch.Tensor:
+def mx_round_rows(t: torch.Tensor, gemm) -> torch.Tensor:
     """The values for `t` [R, C] quantized in blocks of 32 rows (the wgrad operands), fp32."""
-    _, _, data_t, scales_t = mxfp8.quantize(t.to(torch.bfloat16), False, True)
+    _, _, data_t, scales_t = gemm.quantize(t.to(torch.bfloat16), False, True)
     return mxfp8.dequantize(data_t, scales_t).T
 
 
@@ -95,52 +117,52 @@ def _dequant(pair) -> torch.Tensor:
     return mxfp8.dequantize(data, scales)
 
 
-def forward_bf16(x_rows, w_gate, w_up, w_down, row_expert, limit):
+def forward_bf16(x_rows, w_gate, w_up, w_down, gemm, limit):
     """(gate, up, hidden, y), all bf16 [R, I] / [R, H]."""
-    gate = grouped_linear(x_rows, w_gate, row_expert).to(torch.bfloat16)
-    up = grouped_linear(x_rows, w_up, row_expert).to(torch.bfloat16)
+    gate = gemm.linear(x_rows, w_gate).to(torch.bfloat16)
+    up = gemm.linear(x_rows, w_up).to(torch.bfloat16)
     hidden = swiglu(gate, up, limit).to(torch.bfloat16)
-    y = grouped_linear(hidden, w_down, row_expert).to(torch.bfloat16)
+    y = gemm.linear(hidden, w_down).to(torch.bfloat16)
     return gate, up, hidden, y
 
 
-def forward_mxfp8(x_rows, w_gate, w_up, w_down, row_expert, limit):
+def forward_mxfp8(x_rows, w_gate, w_up, w_down, gemm, limit):
     """MXFP8 forward; weights are (fp8, scale) pairs. Returns the saved MXFP8 tensors and y.
 
     Output: (x_t, gate_q, up_q, hidden_t, y) where x_t/hidden_t are transposed (fp8, scale)
     pairs (blocks along rows, for the weight gradients) and gate_q/up_q normal pairs.
     """
-    xq = mx_round(x_rows)
-    gate = grouped_linear(xq, _dequant(w_gate), row_expert).to(torch.bfloat16)
-    up = grouped_linear(xq, _dequant(w_up), row_expert).to(torch.bfloat16)
+    xq = mx_round(x_rows, gemm)
+    gate = gemm.linear(xq, _dequant(w_gate)).to(torch.bfloat16)
+    up = gemm.linear(xq, _dequant(w_up)).to(torch.bfloat16)
     hidden = swiglu(gate, up, limit).to(torch.bfloat16)
-    y = grouped_linear(mx_round(hidden), _dequant(w_down), row_expert).to(torch.bfloat16)
-    x_t = mxfp8.quantize(x_rows, False, True)[2:]
-    gate_q = mxfp8.quantize(gate, True, False)[:2]
-    up_q = mxfp8.quantize(up, True, False)[:2]
-    hidden_t = mxfp8.quantize(hidden, False, True)[2:]
+    y = gemm.linear(mx_round(hidden, gemm), _dequant(w_down)).to(torch.bfloat16)
+    x_t = gemm.quantize(x_rows, False, True)[2:]
+    gate_q = gemm.quantize(gate, True, False)[:2]
+    up_q = gemm.quantize(up, True, False)[:2]
+    hidden_t = gemm.quantize(hidden, False, True)[2:]
     return x_t, gate_q, up_q, hidden_t, y
 
 
-def backward_bf16(d_out_rows, rw_rows, x_rows, gate, up, hidden, weights, row_expert, limit):
+def backward_bf16(d_out_rows, rw_rows, x_rows, gate, up, hidden, weights, gemm, limit):
     """Backward of one expert group. weights = (W_gate, W_up, W_down) bf16.
 
     Returns (d_x, d_router_weight, d_gate, d_up, d_hidden, d_W_gate, d_W_up, d_W_down).
     """
     w_gate, w_up, w_down = weights
-    d_h = grouped_linear(d_out_rows, w_down.transpose(1, 2), row_expert)
+    d_h = gemm.linear(d_out_rows, w_down.transpose(1, 2))
     return _backward_tail(
-        d_h, d_out_rows, rw_rows, x_rows, gate, up, hidden, weights, row_expert, limit, False
+        d_h, d_out_rows, rw_rows, x_rows, gate, up, hidden, weights, gemm, limit, False
     )
 
 
-def backward_mxfp8(d_out_rows, rw_rows, ctx, weights, row_expert, limit):
+def backward_mxfp8(d_out_rows, rw_rows, ctx, weights, gemm, limit):
     """MXFP8 backward. ctx = (x_t, gate_q, up_q, hidden_t) as saved by forward_mxfp8;
     weights = ((W_g fp8, sc, fp8_t, sc_t), (W_u ...), (W_d fp8_t, sc_t)).
     """
     x_t, gate_q, up_q, hidden_t = ctx
     (_, _, g_t, g_t_sc), (_, _, u_t, u_t_sc), down_t = weights
-    d_h = grouped_linear(mx_round(d_out_rows), _dequant(down_t), row_expert)
+    d_h = gemm.linear(mx_round(d_out_rows, gemm), _dequant(down_t))
     x_rows = _dequant(x_t).T
     hidden = _dequant(hidden_t).T
     dense = (_dequant((g_t, g_t_sc)).transpose(1, 2), _dequant((u_t, u_t_sc)).transpose(1, 2), None)
@@ -153,31 +175,28 @@ def backward_mxfp8(d_out_rows, rw_rows, ctx, weights, row_expert, limit):
         _dequant(up_q),
         hidden,
         dense,
-        row_expert,
+        gemm,
         limit,
         True,
     )
 
 
-def _backward_tail(d_h, d_out, rw, x, gate, up, hidden, weights, row_expert, limit, mx):
+def _backward_tail(d_h, d_out, rw, x, gate, up, hidden, weights, gemm, limit, mx):
     """Shared part of both backward modes, from the unscaled d_h = d_out @ W_down."""
     w_gate, w_up, _ = weights
-    num_experts = w_gate.shape[0]
     d_router_weight = (d_h * hidden.float()).sum(-1)
     d_gate, d_up = swiglu_backward(rw[:, None] * d_h, gate, up, limit)
     d_gate, d_up = d_gate.to(torch.bfloat16), d_up.to(torch.bfloat16)
-    dgrad_in = (mx_round(d_gate), mx_round(d_up)) if mx else (d_gate, d_up)
-    d_x = grouped_linear(dgrad_in[0], w_gate.transpose(1, 2), row_expert)
-    d_x = (d_x + grouped_linear(dgrad_in[1], w_up.transpose(1, 2), row_expert)).to(torch.bfloat16)
+    dgrad_in = (mx_round(d_gate, gemm), mx_round(d_up, gemm)) if mx else (d_gate, d_up)
+    d_x = gemm.linear(dgrad_in[0], w_gate.transpose(1, 2))
+    d_x = (d_x + gemm.linear(dgrad_in[1], w_up.transpose(1, 2))).to(torch.bfloat16)
     d_y = (rw[:, None] * d_out.float()).to(torch.bfloat16)
     wgrad_in = (
-        (mx_round_rows(d_gate), mx_round_rows(d_up), mx_round_rows(d_y))
-        if mx
-        else (d_gate, d_up, d_y)
+        tuple(mx_round_rows(t, gemm) for t in (d_gate, d_up, d_y)) if mx else (d_gate, d_up, d_y)
     )
-    d_w_gate = grouped_weight_grad(wgrad_in[0], x, row_expert, num_experts)
-    d_w_up = grouped_weight_grad(wgrad_in[1], x, row_expert, num_experts)
-    d_w_down = grouped_weight_grad(wgrad_in[2], hidden, row_expert, num_experts)
+    d_w_gate = gemm.weight_grad(wgrad_in[0], x)
+    d_w_up = gemm.weight_grad(wgrad_in[1], x)
+    d_w_down = gemm.weight_grad(wgrad_in[2], hidden)
     d_hidden = (rw[:, None] * d_h).to(torch.bfloat16)
     bf16 = [t.to(torch.bfloat16) for t in (d_w_gate, d_w_up, d_w_down)]
     return (d_x, d_router_weight, d_gate, d_up, d_hidden, *bf16)

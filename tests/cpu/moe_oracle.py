@@ -20,7 +20,6 @@ import functools
 
 import torch
 import torch.nn.functional as F
-
 from moe_scenarios import GRAD_NAMES, LOCAL_EXPERTS, SCENARIOS, TOPK, make_inputs
 
 MX_BLOCK, E4M3_MAX = 32, 448.0
@@ -40,7 +39,9 @@ def expected_schedule(top: torch.Tensor, ep: int, dest: int) -> list[list[tuple[
     segments = []
     for local in range(LOCAL_EXPERTS):
         expert = dest * LOCAL_EXPERTS + local
-        queues = [(top[src].reshape(-1) == expert).nonzero().flatten().tolist() for src in range(ep)]
+        queues = [
+            (top[src].reshape(-1) == expert).nonzero().flatten().tolist() for src in range(ep)
+        ]
         depth = max(len(q) for q in queues)
         segments.append(
             [(src, q[i]) for i in range(depth) for src, q in enumerate(queues) if i < len(q)]
@@ -102,7 +103,9 @@ def dense(name: str, ep: int) -> list[dict]:
     for r in range(ep):
         grads = [x.grad[r], rw.grad[r], *(_grad(routed[k][r]) for k in ("gate", "up", "down"))]
         grads += [_grad(w) for w in shared[r]] if shared else [None] * 3
-        results.append({"out": outs[r].detach(), "grads": dict(zip(GRAD_NAMES, grads, strict=True))})
+        results.append(
+            {"out": outs[r].detach(), "grads": dict(zip(GRAD_NAMES, grads, strict=True))}
+        )
     return results
 
 
@@ -215,3 +218,62 @@ def rounded(name: str, ep: int) -> list[dict]:
         grads += shared_grads or [None] * 3
         results.append({"out": out, "grads": dict(zip(GRAD_NAMES, grads, strict=True))})
     return results
+
+
+# ------------------------------------------------------------------------ comparisons
+
+
+def relative_l1(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """sum |actual - expected| / sum |expected| (inf if expected is 0 and actual is not)."""
+    diff = (actual.double() - expected.double()).abs().sum().item()
+    scale = expected.double().abs().sum().item()
+    return diff / scale if scale else (0.0 if diff == 0 else float("inf"))
+
+
+def worst_row_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """The largest relative_l1 of one row (token): small rows count as much as large ones."""
+    rows = zip(actual.flatten(1), expected.flatten(1), strict=True)
+    return max((relative_l1(a, e) for a, e in rows), default=0.0)
+
+
+def mismatch(
+    actual, expected, *, rel: float, max_abs: float | None = None, row_rel: float | None = None
+) -> str | None:
+    """None when `actual` is within tolerance of `expected`, else what is wrong."""
+    if actual.shape != expected.shape:
+        return f"shape {list(actual.shape)}, expected {list(expected.shape)}"
+    error = relative_l1(actual, expected)
+    worst = (actual.double() - expected.double()).abs().max().item()
+    row_error = worst_row_error(actual, expected) if row_rel is not None else 0.0
+    if error <= rel and worst <= (max_abs or worst) and row_error <= (row_rel or row_error):
+        return None
+    return (
+        f"sum|diff|/sum|ref| = {error:.3g} (limit {rel:g}), max|diff| = {worst:.3g}"
+        f" (limit {max_abs}), worst row's sum|diff|/sum|ref| = {row_error:.3g} (limit {row_rel}),"
+        f" max|ref| = {expected.double().abs().max().item():.3g}"
+    )
+
+
+def check_ranks(actuals, expecteds, what: str, **tolerance) -> None:
+    """Compare every rank and report all ranks that fail, not just the first."""
+    failures = [
+        f"rank {rank} {what}: {problem}"
+        for rank, (actual, expected) in enumerate(zip(actuals, expecteds, strict=True))
+        if (problem := mismatch(actual, expected, **tolerance)) is not None
+    ]
+    assert not failures, "\n".join(failures)
+
+
+def same_bits(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    """Bitwise equality (so -0.0 != 0.0 and NaN == NaN of the same payload)."""
+    if a is None or b is None:
+        return a is None and b is None
+    same_layout = a.dtype == b.dtype and a.shape == b.shape
+    return same_layout and torch.equal(
+        a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)
+    )
+
+
+def zero_bits(t: torch.Tensor) -> bool:
+    """Every element is +0.0 exactly (all bits clear)."""
+    return bool((t.contiguous().view(torch.uint8) == 0).all())

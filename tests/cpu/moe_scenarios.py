@@ -1,15 +1,18 @@
 """The MoE scenarios of the numerical tests: deterministic inputs, and the worker that runs them
-through `mok.functional` on every rank of a gloo group.
+through `mok.functional` (schedule, forward, backward, check_status) on every rank of a gloo group.
 
 Every scenario's inputs are a pure function of (scenario, EP), so the worker processes and the
-float64 oracles in the test process build bit-identical tensors without sending any. All EP sizes
-run every scenario in one spawn per size (`RunCache`); the tests only read the cached results.
+float64 oracles in the test process build bit-identical tensors without sending any. Each EP size
+runs every scenario in one spawn (`RunCache`); the tests only read the cached results.
 
 Shapes are small (T = 40, H = 128, I = 256, 4 local experts, top-2) so the suite stays fast, and
-chosen so that: no T is a multiple of anything special; the last local expert of every rank never
-gets a token (its weight gradients must be exactly zero); routing is skewed; router weights are
-positive, negative and exactly zero; the "hot" scenarios send one expert more than 256 rows (several
-padded segments); the "invalid" scenarios carry expert ids -1 and >= EP * E.
+the data is chosen so that: T is a multiple of nothing special; the last local expert of every
+rank never gets a token (its weight gradients must be exactly zero); routing is skewed; router
+weights are positive, negative and exactly zero; "hot" (T = 136) sends every token to one expert,
+EP * 136 rows (several 256-row padded segments at EP >= 2); "invalid" carries expert ids -1 and
+>= EP * E; "wide" spreads token magnitudes over many binades. Workers reuse one workspace per T
+across scenarios, as a model reuses one across layers; the REPEATED scenarios also run twice more
+(same workspace, fresh workspace) for the determinism tests.
 """
 
 from __future__ import annotations
@@ -54,12 +57,17 @@ class Scenario:
     shared: bool
     clamp: bool
     routing: str = "skewed"  # "skewed", "hot" (one expert > 256 rows) or "invalid" ids
+    # Token magnitudes spread over many binades: MX blocks along tokens then mix tiny and large
+    # rows, the only way a wrong MXFP8 block direction shows (within one binade MX rounding does
+    # not depend on the block scale).
+    wide: bool = False
 
     @property
     def name(self) -> str:
         parts = [self.mode, "shared" if self.shared else "noshared"]
         parts += ["clamp" if self.clamp else "noclamp"]
-        return "-".join(parts + ([] if self.routing == "skewed" else [self.routing]))
+        parts += [] if self.routing == "skewed" else [self.routing]
+        return "-".join(parts + (["wide"] if self.wide else []))
 
     @property
     def limit(self) -> float | None:
@@ -83,6 +91,7 @@ SCENARIOS = {
         Scenario("mxfp8", False, True, "invalid"),
         Scenario("bf16", True, True, "hot"),
         Scenario("mxfp8", True, False, "hot"),
+        Scenario("mxfp8", True, False, wide=True),
     ]
 }
 # The scenario run repeatedly for the determinism tests, per mode.
@@ -145,6 +154,11 @@ def make_inputs(name: str, ep: int) -> dict:
         "down": weight(num_experts, HIDDEN, INTER),
         "shared": None,
     }
+    if scenario.wide:
+        # Powers of two keep the bf16 values exact: x spans 2^+-2 per token, grad 2^+-8.
+        for key, spread in (("x", 2), ("grad", 8)):
+            exponent = torch.randint(-spread, spread + 1, (ep, tokens, 1), generator=gen)
+            inputs[key] = inputs[key] * torch.exp2(exponent.float()).bfloat16()
     if scenario.shared:
         inputs["shared"] = (weight(INTER, HIDDEN), weight(INTER, HIDDEN), weight(HIDDEN, INTER))
     return inputs
@@ -215,7 +229,7 @@ def _invalid_extras(ws, config, scenario: Scenario, inputs: dict, rank: int, ep:
     }
     twin_inputs = dict(inputs, rw=torch.where(is_invalid(inputs["top"], ep), 0.0, inputs["rw"]))
     extras["twin"] = _step(ws, config, scenario, twin_inputs, rank)[0]
-    _status(ws)
+    _status(ws)  # the twin recorded the invalid ids again: leave a clean status behind
     return extras
 
 

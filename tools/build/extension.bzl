@@ -35,16 +35,26 @@ COMPUTE_CAPABILITY = {
 
 EXTENSION_SOURCES = [
     "csrc/bindings.cpp",
+    "csrc/comm.cu",
+    "csrc/epilogue.cu",
     "csrc/mxfp8.cu",
+    "csrc/schedule.cu",
 ]
 
 EXTENSION_HEADERS = [
+    "csrc/api/comm.hpp",
     "csrc/api/info.hpp",
     "csrc/api/mxfp8.hpp",
+    "csrc/api/schedule.hpp",
+    "csrc/comm.h",
     "csrc/common/cuda_check.hpp",
+    "csrc/common/flags.cuh",
     "csrc/common/mxfp8_format.hpp",
     "csrc/common/mxfp8_math.cuh",
+    "csrc/common/row_copy.cuh",
+    "csrc/epilogue.h",
     "csrc/mxfp8.h",
+    "csrc/schedule.h",
 ]
 
 # Relative to the repository root; sources include "common/..." and "api/...".

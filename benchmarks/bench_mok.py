@@ -1,0 +1,93 @@
+"""mok through its public functional API (build_schedule, forward, backward), BF16 and MXFP8.
+
+Same inputs, weights and FLOPs as the baseline (no swiglu clamp, shared expert as the shape says).
+The forward time includes `build_schedule` (the routing all-gather and the schedule), because the
+baseline's forward includes its routing exchange too. The backward consumes a forward context
+without changing it, so one untimed forward serves every timed backward. MXFP8 weights are
+quantized once, outside the timed region, with `mok.ops.mxfp8_quantize(w, True, True)`.
+
+Whatever backend mok picks for the device (the CUDA kernels, or the reference where a kernel does
+not exist yet) is what is timed; the run records which one it was (harness.environment).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import harness
+
+from mok import functional as F
+from mok import ops
+
+
+def capacity_multiplier(ep: int) -> float:
+    """Schedule rows = multiplier * EP * T * k. Uniform routing sends each rank T * k routes on
+    average with a spread of ~1% at these sizes, so 1/EP + 1/8 can never overflow in practice
+    (an overflow would raise at check_status), while the default 0.5 would at EP 2."""
+    return 1.0 / ep + 0.125
+
+
+def _weight_forms(w: harness.Weights, mxfp8: bool) -> tuple[tuple, tuple]:
+    """(forward, backward) forms of the routed weights, as API.md specifies them per mode."""
+    if not mxfp8:
+        dense = (w.gate, w.up, w.down)
+        return dense, dense
+    gate, up, down = (ops.mxfp8_quantize(t, True, True) for t in (w.gate, w.up, w.down))
+    forward = (tuple(gate[:2]), tuple(up[:2]), tuple(down[:2]))
+    backward = (tuple(gate), tuple(up), tuple(down[2:]))
+    return forward, backward
+
+
+def run(
+    d: harness.Dist, timer: harness.Timer, shape: harness.Shape, sets: list, *, mxfp8: bool
+) -> dict:
+    """Time forward (schedule + forward) and backward; return timings, set 0's outputs."""
+    config = F.MoKConfig(schedule_capacity_multiplier=capacity_multiplier(d.world))
+    ws = F.create_workspace(
+        config,
+        d.group,
+        device=d.device,
+        num_local_tokens=shape.tokens,
+        hidden_size=shape.hidden,
+        topk=shape.topk,
+    )
+    w = harness.make_weights(shape, d.rank, d.device)
+    shared = w.shared if w.shared is not None else (None, None, None)
+    fwd_w, bwd_w = _weight_forms(w, mxfp8)
+    step = itertools.count()
+
+    def forward(index: int | None = None):
+        inputs = sets[next(step) % len(sets) if index is None else index]
+        schedule = F.build_schedule(ws, config, inputs.top, num_local_experts=shape.experts)
+        out, ctx = F.forward(config, ws, schedule, inputs.x, inputs.rw, *shared, *fwd_w)
+        return schedule, out, ctx
+
+    fwd = timer.measure(forward)
+    schedule, out, ctx = forward(0)
+    first = sets[0]
+
+    def backward():
+        return F.backward(config, ws, schedule, ctx, first.grad, first.x, first.rw, *shared, *bwd_w)
+
+    bwd = timer.measure(backward)
+    grads = backward()
+    # One host sync, outside the timings: a capacity overflow or a bad expert id would have
+    # made the numbers meaningless, so it fails the measurement instead.
+    F.check_status(ws)
+    outputs = {
+        "out": out,
+        "d_x": grads[0],
+        "d_rw": grads[1],
+        "d_gate": grads[2],
+        "d_up": grads[3],
+        "d_down": grads[4],
+    }
+    return {"fwd": fwd, "bwd": bwd, "outputs": outputs}
+
+
+def run_bf16(d, timer, shape, sets) -> dict:
+    return run(d, timer, shape, sets, mxfp8=False)
+
+
+def run_mxfp8(d, timer, shape, sets) -> dict:
+    return run(d, timer, shape, sets, mxfp8=True)

@@ -1,0 +1,398 @@
+"""The one benchmark harness: process group, timing, FLOPs, shapes, inputs, floors and records.
+
+Every `bench_<system>.py` measures through this module, so all systems share one timing method
+(DESIGN.md §8, device METHOD.md): warm-up, then per iteration the SLOWEST rank's time (an
+all_reduce MAX of each rank's CUDA-event time), and the median over iterations. Iteration counts
+adapt to a time budget, so a slow system (the reference backend) cannot eat the device lease.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+# mok never uses NVLink multicast / NVLS (DESIGN.md §2.4); NCCL and symmetric memory must not
+# either, so that the baseline and mok run under the same rules.
+MULTICAST_OFF = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+REPO = Path(__file__).resolve().parent.parent
+
+
+# ---------------------------------------------------------------------------------- shapes
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """One MoE layer per rank: T tokens, hidden H, expert intermediate I, top-k, E local experts."""
+
+    name: str
+    hidden: int
+    inter: int
+    topk: int
+    experts: int
+    tokens: int
+    shared: bool
+
+    @property
+    def rows_per_expert(self) -> float:
+        """Average routed rows one expert receives (independent of EP under uniform routing)."""
+        return self.tokens * self.topk / self.experts
+
+
+# T * k / E = 2048 rows per expert, as each expert sees at EP 64 with the original's defaults.
+SHAPES = {
+    s.name: s
+    for s in (
+        Shape("dsv4-pro", hidden=7168, inter=3072, topk=6, experts=12, tokens=4096, shared=True),
+        Shape("qwen3-235b", hidden=4096, inter=1536, topk=8, experts=16, tokens=4096, shared=False),
+        Shape("qwen3.5", hidden=4096, inter=1024, topk=10, experts=20, tokens=4096, shared=True),
+    )
+}
+# The smallest sizes mok accepts (H, I multiples of 128), with and without a shared expert.
+SMOKE_SHAPES = {
+    s.name: s
+    for s in (
+        Shape("tiny", hidden=128, inter=128, topk=2, experts=2, tokens=64, shared=True),
+        Shape("tiny-noshared", hidden=128, inter=256, topk=3, experts=3, tokens=48, shared=False),
+    )
+}
+
+
+def flops(shape: Shape) -> tuple[int, int]:
+    """(forward, backward) FLOPs as the original counts them: 3 GEMMs of 2·H·I per row, over
+    T·k routed rows plus T shared rows when there is a shared expert; backward is 2x."""
+    rows = shape.tokens * shape.topk + (shape.tokens if shape.shared else 0)
+    forward = 6 * rows * shape.hidden * shape.inter
+    return forward, 2 * forward
+
+
+# ------------------------------------------------------------------------------ process group
+
+
+@dataclass(frozen=True, slots=True)
+class Dist:
+    rank: int
+    world: int
+    device: torch.device
+    group: dist.ProcessGroup
+
+    @property
+    def cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+
+def setup_distributed(*, cpu: bool, timeout_s: float) -> Dist:
+    """Join the torchrun group: NCCL with one GPU per local rank, or gloo on CPU."""
+    os.environ.update(MULTICAST_OFF)
+    cuda = torch.cuda.is_available() and not cpu
+    if cuda:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group(
+        "nccl" if cuda else "gloo",
+        timeout=timedelta(seconds=timeout_s),
+        device_id=device if cuda else None,
+    )
+    return Dist(dist.get_rank(), dist.get_world_size(), device, dist.group.WORLD)
+
+
+# ------------------------------------------------------------------------------------ timing
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """Per-iteration slowest-rank times in ms; the median is the number reported."""
+
+    median_ms: float
+    min_ms: float
+    max_ms: float
+    iters: int
+    warmup_iters: int
+
+
+class Timer:
+    """Times `fn` as the slowest rank sees it. Every rank must call it the same number of times
+    (each iteration ends in an all_reduce); stop decisions use the agreed times only, so every
+    rank stops after the same iteration."""
+
+    def __init__(self, d: Dist, *, warmup_s: float, budget_s: float, max_iters: int) -> None:
+        self.d, self.warmup_s, self.budget_s, self.max_iters = d, warmup_s, budget_s, max_iters
+
+    def agree_max(self, value: float) -> float:
+        t = torch.tensor([value], dtype=torch.float64, device=self.d.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.d.group)
+        return float(t.item())
+
+    def _local_ms(self, fn: Callable[[], object]) -> float:
+        if not self.d.cuda:
+            start = time.perf_counter()
+            fn()
+            return (time.perf_counter() - start) * 1e3
+        # Events on the current stream: they bracket the GPU work fn enqueues, and any host
+        # sync inside fn (the baseline's split sizes) is part of the measured time, as it should.
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+
+    def _once(self, fn, setup) -> float:
+        if setup is None:
+            return self.agree_max(self._local_ms(fn))
+        state = setup()  # untimed: e.g. the forward whose graph the timed backward consumes
+        return self.agree_max(self._local_ms(lambda: fn(state)))
+
+    def measure(self, fn: Callable, setup: Callable | None = None) -> Timing:
+        """Warm up (at least once, until warmup_s), then iterate until budget_s or max_iters."""
+        warm, spent = 0, 0.0
+        while warm == 0 or (spent < self.warmup_s * 1e3 and warm < 5):
+            spent += self._once(fn, setup)
+            warm += 1
+        times: list[float] = []
+        while not times or (len(times) < self.max_iters and sum(times) < self.budget_s * 1e3):
+            times.append(self._once(fn, setup))
+        return Timing(statistics.median(times), min(times), max(times), len(times), warm)
+
+
+class Deadline:
+    """Wall-clock cap of one run, agreed across ranks so all skip the same measurements."""
+
+    def __init__(self, timer: Timer, seconds: float) -> None:
+        self.timer, self.seconds, self.start = timer, seconds, time.monotonic()
+
+    def expired(self) -> bool:
+        return self.timer.agree_max(time.monotonic() - self.start) > self.seconds
+
+
+# ------------------------------------------------------------------------------------ inputs
+
+
+def _generator(device: torch.device, *key: object) -> torch.Generator:
+    # crc32, not hash(): Python randomises str hashes per process, and every rank (and every
+    # run) must draw the same numbers for the same key.
+    seed = zlib.crc32("/".join(map(str, key)).encode())
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+@dataclass(frozen=True, slots=True)
+class Inputs:
+    """x bf16 [T, H]; top int64 [T, k] (distinct global ids); rw fp32 [T, k]; grad bf16 [T, H]."""
+
+    x: torch.Tensor
+    top: torch.Tensor
+    rw: torch.Tensor
+    grad: torch.Tensor
+
+
+def make_inputs(shape: Shape, d: Dist, index: int) -> Inputs:
+    """Input set `index` of this rank: unit-variance activations, uniformly random distinct
+    top-k experts over all EP·E experts, router weights a softmax over the k picks."""
+    g = _generator(d.device, shape.name, "inputs", d.rank, index)
+    t, h, k = shape.tokens, shape.hidden, shape.topk
+
+    def normal(*size: int) -> torch.Tensor:
+        return torch.randn(*size, generator=g, device=d.device)
+
+    x = normal(t, h).bfloat16()
+    scores = torch.rand(t, d.world * shape.experts, generator=g, device=d.device)
+    top = scores.topk(k, dim=1).indices
+    rw = torch.softmax(normal(t, k), dim=-1)
+    return Inputs(x, top, rw, normal(t, h).bfloat16())
+
+
+@dataclass(frozen=True, slots=True)
+class Weights:
+    """Local routed experts (nn.Linear layout) gate/up bf16 [E, I, H], down [E, H, I]; shared
+    expert (gate [I, H], up [I, H], down [H, I]) or None."""
+
+    gate: torch.Tensor
+    up: torch.Tensor
+    down: torch.Tensor
+    shared: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
+
+
+def make_weights(shape: Shape, owner: int, device: torch.device) -> Weights:
+    """The experts of rank `owner` (any rank can regenerate any rank's experts); scaled by
+    1/sqrt(fan_in) so every GEMM output stays near unit scale. The shared expert is replicated."""
+    h, i, e = shape.hidden, shape.inter, shape.experts
+
+    def linear(g: torch.Generator, *size: int) -> torch.Tensor:
+        return (torch.randn(*size, generator=g, device=device) / size[-1] ** 0.5).bfloat16()
+
+    g = _generator(device, shape.name, "experts", owner)
+    gate, up, down = linear(g, e, i, h), linear(g, e, i, h), linear(g, e, h, i)
+    shared = None
+    if shape.shared:
+        gs = _generator(device, shape.name, "shared")
+        shared = (linear(gs, i, h), linear(gs, i, h), linear(gs, h, i))
+    return Weights(gate, up, down, shared)
+
+
+# ------------------------------------------------------------------------------------ floors
+
+
+def gemm_tflops(d: Dist, timer: Timer, n: int) -> float:
+    """bf16 torch.mm rate on n³ random data, rotating 3 operand sets (3 × 2n² > L2)."""
+    g = _generator(d.device, "gemm", d.rank)
+    sets = [
+        tuple(torch.randn(n, n, generator=g, device=d.device).bfloat16() for _ in range(2))
+        for _ in range(3)
+    ]
+    out = torch.empty(n, n, dtype=torch.bfloat16, device=d.device)
+
+    def run() -> None:
+        for a, b in sets:
+            torch.mm(a, b, out=out)
+
+    t = timer.measure(run)
+    return len(sets) * 2 * n**3 / (t.median_ms * 1e-3) / 1e12
+
+
+def copy_gbps(d: Dist, timer: Timer, nbytes: int) -> float:
+    """Device-to-device copy bandwidth, counting bytes read plus bytes written."""
+    src = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device=d.device)
+    dst = torch.empty_like(src)
+    t = timer.measure(lambda: dst.copy_(src))
+    return 2 * nbytes / (t.median_ms * 1e-3) / 1e9
+
+
+def _peer_copies(nbytes: int, both: bool) -> Callable[[], None]:
+    """GPU0 -> GPU1 (and GPU1 -> GPU0) with tensor.copy_, ordered after and before the current
+    stream of GPU0 so that the timer's events bracket them."""
+    devices = (torch.device("cuda", 0), torch.device("cuda", 1))
+    src = [torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device=dev) for dev in devices]
+    dst = [torch.empty(nbytes, dtype=torch.uint8, device=dev) for dev in reversed(devices)]
+    # A cross-device copy_ runs on the source device's current stream and fences the
+    # destination device's current stream; each direction gets its own pair of streams so the
+    # two directions do not serialise on each other's fences.
+    streams = [(torch.cuda.Stream(devices[j]), torch.cuda.Stream(devices[1 - j])) for j in (0, 1)]
+    directions = (0, 1) if both else (0,)
+
+    def run() -> None:
+        main = torch.cuda.current_stream(devices[0])
+        for j in directions:
+            for s in streams[j]:
+                s.wait_stream(main)
+            with torch.cuda.stream(streams[j][0]), torch.cuda.stream(streams[j][1]):
+                dst[j].copy_(src[j])
+        for j in directions:
+            for s in streams[j]:
+                main.wait_stream(s)
+
+    return run
+
+
+def nvlink_gbps(d: Dist, timer: Timer, nbytes: int) -> dict | None:
+    """Peer copy bandwidth between GPU 0 and GPU 1 (rank 0 copies, the others idle in step);
+    None unless this process sees two GPUs."""
+    if not d.cuda or torch.cuda.device_count() < 2:
+        return None
+    result = {"bytes": nbytes, "peer_access": torch.cuda.can_device_access_peer(0, 1)}
+    for name, both in (("unidir_GBps", False), ("bidir_GBps", True)):
+        run, error = (lambda: None), None
+        if d.rank == 0:
+            try:  # e.g. an exclusive-process GPU refuses rank 0's context on GPU 1
+                run = _peer_copies(nbytes, both)
+            except RuntimeError as e:
+                error = f"{type(e).__name__}: {e}"
+        if timer.agree_max(float(error is not None)):  # every rank skips, or none
+            return {**result, "error": error or "failed on rank 0"}
+        t = timer.measure(run)
+        result[name] = (2 if both else 1) * nbytes / (t.median_ms * 1e-3) / 1e9
+        del run
+    torch.cuda.empty_cache()
+    return result
+
+
+def measure_floors(d: Dist, timer: Timer, *, gemm_n: int, copy_bytes: int) -> dict:
+    floors = {
+        "gemm_n": gemm_n,
+        "gemm_bf16_tflops": gemm_tflops(d, timer, gemm_n),
+        "copy_bytes": copy_bytes,
+        "d2d_copy_GBps": copy_gbps(d, timer, copy_bytes),
+        "nvlink": nvlink_gbps(d, timer, copy_bytes),
+    }
+    if d.cuda:
+        torch.cuda.empty_cache()
+    return floors
+
+
+# ---------------------------------------------------------------------------------- records
+
+
+def compare(got: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
+    """max |got - ref| and sum |got - ref| / sum |ref| (the original's tolerance measures)."""
+    diff = (got.double() - ref.double()).abs()
+    return {
+        "max_abs": float(diff.max()),
+        "rel_l1": float(diff.sum() / ref.double().abs().sum().clamp(min=1e-30)),
+    }
+
+
+def record(system: str, shape: Shape, ep: int, floors: dict | None, **fields) -> dict:
+    """One result row: the shape, timings, TFLOP/s and ratio to the compute floor."""
+    fwd_flops, bwd_flops = flops(shape)
+    sizes = {("shape" if k == "name" else k): v for k, v in asdict(shape).items()}
+    row = {"system": system, **sizes, "ep": ep, "rows_per_expert": shape.rows_per_expert}
+    row.update(flops_fwd=fwd_flops, flops_bwd=bwd_flops)
+    rate = (floors or {}).get("gemm_bf16_tflops")
+    for phase, count in (("fwd", fwd_flops), ("bwd", bwd_flops)):
+        timing = fields.pop(phase, None)
+        row[phase] = asdict(timing) if timing is not None else None
+        ms = timing.median_ms if timing is not None else None
+        row[f"tflops_{phase}"] = count / (ms * 1e-3) / 1e12 if ms else None
+        row[f"x_floor_{phase}"] = ms / (count / (rate * 1e12) * 1e3) if ms and rate else None
+    row.update(fields)
+    return row
+
+
+def _first_line(*command: str) -> str | None:
+    """First output line of a command; None where it is missing or fails (no git, no driver)."""
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = done.stdout.strip().splitlines()
+    return lines[0] if done.returncode == 0 and lines else None
+
+
+def environment(d: Dist) -> dict:
+    """What the numbers were measured on and with."""
+    import mok
+    from mok.backends import cuda as mok_cuda
+
+    return {
+        "time_utc": datetime.now(UTC).isoformat(timespec="seconds"),
+        # The device machine's copy of the tree has no .git: the caller passes the commit.
+        "git_commit": os.environ.get("MOK_GIT_COMMIT")
+        or _first_line("git", "-C", str(REPO), "rev-parse", "HEAD"),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "backend": dist.get_backend(d.group),
+        "world_size": d.world,
+        "mok_version": mok.__version__,
+        "mok_path": str(Path(mok.__file__).parent),
+        "mok_backend_env": os.environ.get("MOK_BACKEND", "auto"),
+        "mok_cuda_extension": bool(d.cuda and mok_cuda.available(d.device)),
+        "gpu": torch.cuda.get_device_name(d.device) if d.cuda else None,
+        "gpu_count": torch.cuda.device_count() if d.cuda else 0,
+        "driver": _first_line("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader")
+        if d.cuda
+        else None,
+    }

@@ -1,0 +1,247 @@
+"""Run the floors and every system on every shape in one process group; write DIR/results.json.
+
+    torchrun --standalone --nproc-per-node=N benchmarks/run.py --out DIR [--smoke]
+        [--shapes NAME ...] [--systems NAME ...]
+
+EP is the number of ranks. Results of an earlier run with another EP in the same DIR are kept
+(one entry per EP in `runs`), so EP 1 and EP 2 go to one file. `--smoke` runs on CPU (gloo, the
+reference backend) with tiny shapes and a few iterations, and also checks every system against a
+float64 dense formulation. Systems run in the order given, each over all shapes, so a run that
+hits --deadline-s loses the last system's largest shapes first (recorded as skipped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import bench_mok
+import bench_nccl_torch
+import harness
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+SYSTEMS = {
+    bench_nccl_torch.NAME: bench_nccl_torch.run,
+    "mok_bf16": bench_mok.run_bf16,
+    "mok_mxfp8": bench_mok.run_mxfp8,
+}
+CHECKED = ("out", "d_x", "d_rw", "d_gate", "d_up", "d_down")
+SCHEMA = "mok-bench/1"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True, help="directory for results.json")
+    p.add_argument("--smoke", action="store_true", help="CPU, gloo, tiny shapes, few iterations")
+    p.add_argument("--shapes", nargs="+", help="shape names (default: all of the mode)")
+    p.add_argument("--systems", nargs="+", choices=list(SYSTEMS), default=list(SYSTEMS))
+    p.add_argument("--budget-s", type=float, help="timed seconds per measurement (default 2)")
+    p.add_argument("--warmup-s", type=float, default=0.5, help="warm-up seconds (at least 1 iter)")
+    p.add_argument("--max-iters", type=int, help="iterations per measurement (default 50)")
+    p.add_argument("--sets", type=int, default=2, help="rotating input sets (default 2)")
+    p.add_argument("--deadline-s", type=float, default=150.0, help="skip what starts later")
+    p.add_argument("--timeout-s", type=float, default=120.0, help="collective timeout")
+    args = p.parse_args(argv)
+    table = harness.SMOKE_SHAPES if args.smoke else harness.SHAPES
+    args.shapes = args.shapes or list(table)
+    unknown = [name for name in args.shapes if name not in table]
+    if unknown:
+        p.error(f"unknown shapes {unknown}; this mode has {list(table)}")
+    args.shapes = [table[name] for name in args.shapes]
+    # Smoke: one timed iteration after one warm-up is enough to exercise every code path.
+    args.budget_s = args.budget_s if args.budget_s is not None else (0.0 if args.smoke else 2.0)
+    args.max_iters = args.max_iters or (1 if args.smoke else 50)
+    args.warmup_s = 0.0 if args.smoke else args.warmup_s
+    return args
+
+
+def dense_reference(d: harness.Dist, shape: harness.Shape, inputs: harness.Inputs) -> dict:
+    """float64 out[t] = shared(x_t) + sum_k rw[t,k] expert_{top[t,k]}(x_t) over ALL experts, and
+    its gradients by autograd; routed weight gradients summed over ranks, then this rank's."""
+    owners = [harness.make_weights(shape, r, d.device) for r in range(d.world)]
+    gate, up, down = (
+        torch.cat([getattr(o, name) for o in owners]).double().requires_grad_()
+        for name in ("gate", "up", "down")
+    )
+    x = inputs.x.double().requires_grad_()
+    rw = inputs.rw.double().requires_grad_()
+    out = torch.zeros_like(x)
+    for e in range(gate.shape[0]):
+        tok, slot = torch.nonzero(inputs.top == e, as_tuple=True)
+        hidden = F.silu(x[tok] @ gate[e].T) * (x[tok] @ up[e].T)
+        out = out.index_add(0, tok, rw[tok, slot, None] * (hidden @ down[e].T))
+    if shape.shared:
+        s_gate, s_up, s_down = (t.double() for t in owners[0].shared)
+        out = out + (F.silu(x @ s_gate.T) * (x @ s_up.T)) @ s_down.T
+    out.backward(inputs.grad.double())
+    mine = slice(d.rank * shape.experts, (d.rank + 1) * shape.experts)
+    for weight in (gate, up, down):
+        dist.all_reduce(weight.grad, group=d.group)
+    return {
+        "out": out.detach(),
+        "d_x": x.grad,
+        "d_rw": rw.grad,
+        "d_gate": gate.grad[mine],
+        "d_up": up.grad[mine],
+        "d_down": down.grad[mine],
+    }
+
+
+def _compare_all(outputs: dict, reference: dict) -> dict:
+    return {key: harness.compare(outputs[key], reference[key]) for key in CHECKED}
+
+
+class Session:
+    """One run: the timer, the deadline, the floors, the baseline outputs per shape, the rows."""
+
+    def __init__(self, args: argparse.Namespace, d: harness.Dist) -> None:
+        self.args, self.d = args, d
+        self.timer = harness.Timer(
+            d, warmup_s=args.warmup_s, budget_s=args.budget_s, max_iters=args.max_iters
+        )
+        self.deadline = harness.Deadline(self.timer, args.deadline_s)
+        self.baseline: dict[str, dict] = {}
+        settings = {k: getattr(args, k) for k in ("budget_s", "warmup_s", "max_iters", "sets")}
+        self.run = {
+            "ep": d.world,
+            "smoke": args.smoke,
+            "settings": {**settings, "deadline_s": args.deadline_s, "argv": sys.argv[1:]},
+            "env": harness.environment(d),
+            "floors": None,
+            "records": [],
+        }
+
+    def floors(self) -> None:
+        smoke = self.args.smoke
+        self.run["floors"] = harness.measure_floors(
+            self.d,
+            self.timer,
+            gemm_n=256 if smoke else 8192,
+            copy_bytes=(4 if smoke else 1024) << 20,
+        )
+
+    def measure(self, system: str, shape: harness.Shape) -> dict:
+        d = self.d
+        sets = [harness.make_inputs(shape, d, i) for i in range(self.args.sets)]
+        result = SYSTEMS[system](d, self.timer, shape, sets)
+        outputs, check = result["outputs"], {}
+        if system == bench_nccl_torch.NAME:
+            self.baseline[shape.name] = outputs
+        elif shape.name in self.baseline:
+            check["vs_baseline"] = _compare_all(outputs, self.baseline[shape.name])
+        if self.args.smoke:
+            check["vs_dense"] = _compare_all(outputs, dense_reference(d, shape, sets[0]))
+        floors = self.run["floors"]
+        return harness.record(
+            system,
+            shape,
+            d.world,
+            floors,
+            fwd=result["fwd"],
+            bwd=result["bwd"],
+            check=check,
+            **result.get("extra", {}),
+        )
+
+    def one(self, system: str, shape: harness.Shape) -> dict:
+        floors = self.run["floors"]
+        if self.deadline.expired():
+            return harness.record(system, shape, self.d.world, floors, skipped="deadline")
+        try:
+            return self.measure(system, shape)
+        except Exception as error:  # recorded, so one failing system still leaves the others
+            traceback.print_exc()
+            message = f"{type(error).__name__}: {error}"
+            return harness.record(system, shape, self.d.world, floors, error=message)
+        finally:
+            if self.d.cuda:
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+
+
+def save(path: Path, run: dict) -> None:
+    """Merge `run` into path's runs (replacing the entry with the same EP and mode), atomically."""
+    data = {"schema": SCHEMA, "runs": []}
+    if path.exists():
+        data = json.loads(path.read_text())
+    key = (run["ep"], run["smoke"])
+    data["runs"] = [r for r in data["runs"] if (r["ep"], r["smoke"]) != key] + [run]
+    data["runs"].sort(key=lambda r: (r["smoke"], r["ep"]))
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(partial, path)
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    """format(value, spec), or a dash as wide as the spec's width for a missing value."""
+    width = spec.split(".")[0]
+    return format("-", f">{width}") if value is None else format(value, spec)
+
+
+def _worst_check(check: dict | None) -> float | None:
+    values = [m["rel_l1"] for group in (check or {}).values() for m in group.values()]
+    return max(values) if values else None
+
+
+def table(run: dict) -> str:
+    """The compact summary: floors line, then one line per (system, shape)."""
+    f = run["floors"] or {}
+    nv = f.get("nvlink") or {}
+    lines = [
+        f"EP {run['ep']} on {run['env']['gpu'] or 'CPU'}: bf16 GEMM "
+        f"{_fmt(f.get('gemm_bf16_tflops'), '.1f')} TFLOP/s | D2D copy "
+        f"{_fmt(f.get('d2d_copy_GBps'), '.0f')} GB/s | NVLink {_fmt(nv.get('unidir_GBps'), '.0f')}"
+        f" GB/s one way, {_fmt(nv.get('bidir_GBps'), '.0f')} GB/s both",
+        f"{'system':<11} {'shape':<13} {'EP':>2} {'fwd ms':>8} {'bwd ms':>8} {'fwd TF/s':>8} "
+        f"{'bwd TF/s':>8} {'fwd xfl':>7} {'bwd xfl':>7} {'check':>8}  note",
+    ]
+    for r in run["records"]:
+        fwd, bwd = r["fwd"] or {}, r["bwd"] or {}
+        note = r.get("error") or r.get("skipped") or ""
+        lines.append(
+            f"{r['system']:<11} {r['shape']:<13} {r['ep']:>2} "
+            f"{_fmt(fwd.get('median_ms'), '8.2f')} {_fmt(bwd.get('median_ms'), '8.2f')} "
+            f"{_fmt(r['tflops_fwd'], '8.1f')} {_fmt(r['tflops_bwd'], '8.1f')} "
+            f"{_fmt(r['x_floor_fwd'], '7.2f')} {_fmt(r['x_floor_bwd'], '7.2f')} "
+            f"{_fmt(_worst_check(r.get('check')), '8.1e')}  {note[:60]}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    d = harness.setup_distributed(cpu=args.smoke, timeout_s=args.timeout_s)
+    start = time.monotonic()
+    path = args.out / "results.json"
+    try:
+        session = Session(args, d)
+        session.floors()
+        for system in args.systems:
+            for shape in args.shapes:
+                row = session.one(system, shape)
+                session.run["records"].append(row)
+                if d.rank == 0:
+                    args.out.mkdir(parents=True, exist_ok=True)
+                    save(path, session.run)
+                    note = row.get("error") or row.get("skipped") or "ok"
+                    print(
+                        f"[{time.monotonic() - start:6.1f} s] {system} {shape.name}: {note}",
+                        flush=True,
+                    )
+        if d.rank == 0:
+            print(table(session.run), flush=True)
+        failed = any(r.get("error") for r in session.run["records"])
+    finally:
+        dist.destroy_process_group()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,211 @@
+// Python binding of the communication family: barrier, routing all-gather, pull and push of
+// schedule rows, and the combine epilogues. Argument checks, then one launch each.
+//
+// Arguments are raw device addresses (Python ints), device tables of peer addresses
+// (MoKWorkspace.peer_ptr_tables) and a cudaStream_t as an int; mok/backends/cuda_comm.py owns the
+// tensors, the barriers around the copies and the workspace bookkeeping.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <string>
+
+#include "comm.h"
+#include "common/cuda_check.hpp"
+#include "epilogue.h"
+
+namespace mok::api {
+
+namespace comm_checks {
+
+namespace py = pybind11;
+
+inline void require(bool ok, const std::string& message) {
+  if (!ok) throw py::value_error(message);
+}
+
+inline void address(const char* name, uintptr_t value, uintptr_t alignment) {
+  require(value != 0, std::string("`") + name + "` must be a device address, got 0");
+  require(value % alignment == 0, std::string("`") + name + "` must be " +
+                                      std::to_string(alignment) + "-byte aligned, got address " +
+                                      std::to_string(value));
+}
+
+inline void at_least(const char* name, int64_t value, int64_t low) {
+  require(value >= low, std::string("`") + name + "` must be >= " + std::to_string(low) +
+                            ", got " + std::to_string(value));
+}
+
+inline void group_size(int ep) {
+  require(ep >= 1 && ep <= comm::kMaxRanks, "`ep` must be in [1, " +
+                                                std::to_string(comm::kMaxRanks) + "], got " +
+                                                std::to_string(ep));
+}
+
+inline void group(int rank, int ep) {
+  group_size(ep);
+  require(rank >= 0 && rank < ep, "`rank` must be in [0, " + std::to_string(ep) + "), got " +
+                                      std::to_string(rank));
+}
+
+inline void row_bytes(int64_t value) {
+  require(value > 0 && value % 4 == 0,
+          "`row_bytes` must be a positive multiple of 4, got " + std::to_string(value));
+}
+
+inline comm::ScheduleView schedule(uintptr_t peer_rank, uintptr_t peer_token_idx,
+                                   uintptr_t num_tokens, int64_t rows) {
+  at_least("rows", rows, 0);
+  address("peer_rank", peer_rank, 4);
+  address("peer_token_idx", peer_token_idx, 4);
+  address("num_tokens", num_tokens, 4);
+  comm::ScheduleView view;
+  view.peer_rank = reinterpret_cast<const int32_t*>(peer_rank);
+  view.peer_token_idx = reinterpret_cast<const int32_t*>(peer_token_idx);
+  view.num_tokens = reinterpret_cast<const int32_t*>(num_tokens);
+  view.rows = rows;
+  return view;
+}
+
+inline cudaStream_t stream_of(uintptr_t stream) { return reinterpret_cast<cudaStream_t>(stream); }
+
+}  // namespace comm_checks
+
+inline void comm_barrier(uintptr_t flag_table, uintptr_t flags, uintptr_t epoch, uintptr_t status,
+                         int rank, int ep, uint64_t timeout_ns, uintptr_t stream) {
+  namespace c = comm_checks;
+  c::group(rank, ep);
+  c::address("flag_table", flag_table, 8);
+  c::address("flags", flags, 4);
+  c::address("epoch", epoch, 4);
+  c::address("status", status, 4);
+  comm::BarrierArgs a;
+  a.flag_table = reinterpret_cast<const uint64_t*>(flag_table);
+  a.flags = reinterpret_cast<uint32_t*>(flags);
+  a.epoch = reinterpret_cast<uint32_t*>(epoch);
+  a.status = reinterpret_cast<int*>(status);
+  a.rank = rank;
+  a.ep = ep;
+  a.timeout_ns = timeout_ns;
+  check_cuda(comm::launch_barrier(a, c::stream_of(stream)), "barrier kernel launch");
+}
+
+inline void comm_all_gather(uintptr_t src, uintptr_t dst_table, int64_t bytes, int rank, int ep,
+                            uintptr_t stream) {
+  namespace c = comm_checks;
+  c::group(rank, ep);
+  c::address("src", src, 4);
+  c::address("dst_table", dst_table, 8);
+  c::require(bytes >= 0 && bytes % 4 == 0,
+             "`bytes` must be a non-negative multiple of 4, got " + std::to_string(bytes));
+  comm::AllGatherArgs a;
+  a.src = reinterpret_cast<const void*>(src);
+  a.dst_table = reinterpret_cast<const uint64_t*>(dst_table);
+  a.bytes = bytes;
+  a.rank = rank;
+  a.ep = ep;
+  check_cuda(comm::launch_all_gather(a, c::stream_of(stream)), "all_gather kernel launch");
+}
+
+inline void comm_pull_rows(uintptr_t src_table, uintptr_t out, uintptr_t peer_rank,
+                           uintptr_t peer_token_idx, uintptr_t num_tokens, int64_t rows,
+                           int64_t row_bytes, int64_t src_rows, int divisor, int ep, int ctas,
+                           uintptr_t stream) {
+  namespace c = comm_checks;
+  c::group_size(ep);
+  c::address("src_table", src_table, 8);
+  c::address("out", out, 4);
+  c::row_bytes(row_bytes);
+  c::at_least("src_rows", src_rows, 0);
+  c::at_least("divisor", divisor, 1);
+  c::at_least("ctas", ctas, 1);
+  comm::PullArgs a;
+  a.schedule = c::schedule(peer_rank, peer_token_idx, num_tokens, rows);
+  a.src_table = reinterpret_cast<const uint64_t*>(src_table);
+  a.out = reinterpret_cast<void*>(out);
+  a.row_bytes = row_bytes;
+  a.src_rows = src_rows;
+  a.divisor = divisor;
+  a.ep = ep;
+  a.ctas = ctas;
+  check_cuda(comm::launch_pull(a, c::stream_of(stream)), "pull_rows kernel launch");
+}
+
+inline void comm_push_rows(uintptr_t rows_data, uintptr_t dst_table, uintptr_t peer_rank,
+                           uintptr_t peer_token_idx, uintptr_t num_tokens, int64_t rows,
+                           int64_t row_bytes, int64_t dst_rows, int ep, int ctas,
+                           uintptr_t stream) {
+  namespace c = comm_checks;
+  c::group_size(ep);
+  c::address("rows_data", rows_data, 4);
+  c::address("dst_table", dst_table, 8);
+  c::row_bytes(row_bytes);
+  c::at_least("dst_rows", dst_rows, 0);
+  c::at_least("ctas", ctas, 1);
+  comm::PushArgs a;
+  a.schedule = c::schedule(peer_rank, peer_token_idx, num_tokens, rows);
+  a.rows = reinterpret_cast<const void*>(rows_data);
+  a.dst_table = reinterpret_cast<const uint64_t*>(dst_table);
+  a.row_bytes = row_bytes;
+  a.dst_rows = dst_rows;
+  a.ep = ep;
+  a.ctas = ctas;
+  check_cuda(comm::launch_push(a, c::stream_of(stream)), "push_rows kernel launch");
+}
+
+inline void comm_epilogue(uintptr_t shared, uintptr_t routed, uintptr_t weights, uintptr_t out,
+                          int64_t tokens, int64_t hidden, int topk, uintptr_t stream) {
+  namespace c = comm_checks;
+  c::at_least("tokens", tokens, 0);
+  c::at_least("topk", topk, 1);
+  c::require(hidden > 0 && hidden % 8 == 0,
+             "`hidden` must be a positive multiple of 8, got " + std::to_string(hidden));
+  c::require(tokens * (hidden / 8) < (int64_t{1} << 31),
+             "tokens * hidden / 8 must be below 2^31, got " + std::to_string(tokens) + " x " +
+                 std::to_string(hidden));
+  if (shared != 0) c::address("shared", shared, 16);
+  if (weights != 0) c::address("weights", weights, 4);
+  c::address("routed", routed, 16);
+  c::address("out", out, 16);
+  comm::EpilogueArgs a;
+  a.shared = reinterpret_cast<const void*>(shared);
+  a.routed = reinterpret_cast<const void*>(routed);
+  a.weights = reinterpret_cast<const float*>(weights);
+  a.out = reinterpret_cast<void*>(out);
+  a.tokens = tokens;
+  a.hidden = hidden;
+  a.topk = topk;
+  check_cuda(comm::launch_epilogue(a, c::stream_of(stream)), "epilogue kernel launch");
+}
+
+inline void bind_comm(pybind11::module_& m) {
+  namespace py = pybind11;
+  m.def("comm_barrier", &comm_barrier, py::arg("flag_table"), py::arg("flags"), py::arg("epoch"),
+        py::arg("status"), py::arg("rank"), py::arg("ep"), py::arg("timeout_ns"),
+        py::arg("stream"),
+        "Device barrier over the group: signal every peer's flags[rank] with epoch+1, wait for "
+        "this rank's flags to reach it (bounded: a timeout sets status bit 4), store the epoch.");
+  m.def("comm_all_gather", &comm_all_gather, py::arg("src"), py::arg("dst_table"),
+        py::arg("bytes"), py::arg("rank"), py::arg("ep"), py::arg("stream"),
+        "Store `bytes` from src at offset rank*bytes of every rank's buffer (no barrier).");
+  m.def("comm_pull_rows", &comm_pull_rows, py::arg("src_table"), py::arg("out"),
+        py::arg("peer_rank"), py::arg("peer_token_idx"), py::arg("num_tokens"), py::arg("rows"),
+        py::arg("row_bytes"), py::arg("src_rows"), py::arg("divisor"), py::arg("ep"),
+        py::arg("ctas"), py::arg("stream"),
+        "out[i] = rank peer_rank[i]'s source row peer_token_idx[i] // divisor; zero on padding "
+        "rows and rows >= num_tokens (no barrier).");
+  m.def("comm_push_rows", &comm_push_rows, py::arg("rows_data"), py::arg("dst_table"),
+        py::arg("peer_rank"), py::arg("peer_token_idx"), py::arg("num_tokens"), py::arg("rows"),
+        py::arg("row_bytes"), py::arg("dst_rows"), py::arg("ep"), py::arg("ctas"),
+        py::arg("stream"),
+        "Rank peer_rank[i]'s destination row peer_token_idx[i] = rows_data[i]; padding rows are "
+        "skipped (no barrier, no zero-fill).");
+  m.def("comm_epilogue", &comm_epilogue, py::arg("shared"), py::arg("routed"),
+        py::arg("weights"), py::arg("out"), py::arg("tokens"), py::arg("hidden"),
+        py::arg("topk"), py::arg("stream"),
+        "out[t] = bf16(shared[t] + sum_j w[t,j] * routed[t*topk+j]) in fp32, j in order; "
+        "shared and weights may be 0 (absent).");
+}
+
+}  // namespace mok::api

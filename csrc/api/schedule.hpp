@@ -1,0 +1,117 @@
+// Python binding of the schedule family: argument checks, then the launches of schedule.cu.
+//
+// Arguments are raw device addresses (Python ints) and a cudaStream_t as an int, so the module has
+// no torch dependency; mok/backends/cuda_schedule.py allocates the outputs and the scratch and
+// passes their data_ptr().
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "common/cuda_check.hpp"
+#include "schedule.h"
+
+namespace mok::api {
+// Helpers of this family only (other families have their own), hence the nested namespace.
+namespace schedule_checks {
+
+namespace py = pybind11;
+
+constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+// The grid's y dimension is the source rank.
+constexpr int64_t kMaxEp = 65535;
+
+inline void require(bool ok, const std::string& message) {
+  if (!ok) throw py::value_error(message);
+}
+
+inline void check_range(const char* name, int64_t value, int64_t low, int64_t high) {
+  require(value >= low && value <= high, std::string("`") + name + "` must be in [" +
+                                             std::to_string(low) + ", " + std::to_string(high) +
+                                             "], got " + std::to_string(value));
+}
+
+inline void check_address(const char* name, uintptr_t address, uintptr_t alignment) {
+  require(address != 0, std::string("`") + name + "` must be a device address, got 0");
+  require(address % alignment == 0, std::string("`") + name + "` must be " +
+                                        std::to_string(alignment) + "-byte aligned, got address " +
+                                        std::to_string(address));
+}
+
+// The sizes every entry point accepts; the launch relies on them (int32 route indices and
+// counts, grid limits, the place kernel's shared counters).
+inline void check_sizes(int64_t ep, int64_t routes, int64_t experts) {
+  check_range("ep", ep, 1, kMaxEp);
+  check_range("routes", routes, 0, kInt32Max);
+  check_range("experts", experts, 1, schedule::kMaxLocalExperts);
+}
+
+}  // namespace schedule_checks
+
+inline int64_t schedule_workspace_bytes(int64_t ep, int64_t routes, int64_t experts) {
+  schedule_checks::check_sizes(ep, routes, experts);
+  return static_cast<int64_t>(schedule::make_layout(ep, routes, experts).bytes);
+}
+
+inline void schedule(uintptr_t topk_all, uintptr_t peer_rank, uintptr_t peer_token_idx,
+                     uintptr_t num_tokens, uintptr_t tokens_per_expert, uintptr_t status,
+                     uintptr_t workspace, int64_t ep, int64_t routes, int64_t experts,
+                     int64_t capacity, int64_t rank, uintptr_t stream) {
+  namespace checks = schedule_checks;
+  checks::check_sizes(ep, routes, experts);
+  checks::check_range("rank", rank, 0, ep - 1);
+  checks::check_range("capacity", capacity, schedule::kRowsPerSegment,
+                       checks::kInt32Max);
+  checks::require(capacity % schedule::kRowsPerSegment == 0,
+                  "`capacity` must be a multiple of 256, got " + std::to_string(capacity));
+  if (routes > 0) checks::check_address("topk_all", topk_all, alignof(int32_t));
+  checks::check_address("peer_rank", peer_rank, alignof(int32_t));
+  checks::check_address("peer_token_idx", peer_token_idx, alignof(int32_t));
+  checks::check_address("num_tokens", num_tokens, alignof(int32_t));
+  checks::check_address("tokens_per_expert", tokens_per_expert, alignof(int32_t));
+  checks::check_address("status", status, alignof(int32_t));
+  checks::check_address("workspace", workspace, alignof(int64_t));
+
+  schedule::Args args;
+  args.topk_all = reinterpret_cast<const int32_t*>(topk_all);
+  args.peer_rank = reinterpret_cast<int32_t*>(peer_rank);
+  args.peer_token_idx = reinterpret_cast<int32_t*>(peer_token_idx);
+  args.num_tokens = reinterpret_cast<int32_t*>(num_tokens);
+  args.tokens_per_expert = reinterpret_cast<int32_t*>(tokens_per_expert);
+  args.status = reinterpret_cast<int32_t*>(status);
+  args.workspace = reinterpret_cast<void*>(workspace);
+  args.ep = ep;
+  args.routes = routes;
+  args.experts = experts;
+  args.capacity = capacity;
+  args.rank = rank;
+  check_cuda(schedule::launch(args, reinterpret_cast<cudaStream_t>(stream)), "schedule launch");
+}
+
+inline void bind_schedule(pybind11::module_& m) {
+  namespace py = pybind11;
+  m.def("schedule_workspace_bytes", &schedule_workspace_bytes, py::arg("ep"), py::arg("routes"),
+        py::arg("experts"),
+        "Bytes of device scratch `schedule` needs (8-byte aligned) for these sizes.");
+  m.def("schedule", &schedule, py::arg("topk_all"), py::arg("peer_rank"),
+        py::arg("peer_token_idx"), py::arg("num_tokens"), py::arg("tokens_per_expert"),
+        py::arg("status"), py::arg("workspace"), py::arg("ep"), py::arg("routes"),
+        py::arg("experts"), py::arg("capacity"), py::arg("rank"), py::arg("stream"),
+        R"doc(The routed-row schedule of destination `rank` on `stream` (asynchronous, no sync).
+
+All buffers are contiguous device addresses:
+  topk_all           int32 [ep, routes]  global expert ids (routes = T * topk), any value
+  peer_rank          int32 [capacity]    out: source rank of each row, -1 on padding
+  peer_token_idx     int32 [capacity]    out: token * topk + slot on the source, -1 on padding
+  num_tokens         int32 [1]           out: rows in use (a multiple of 256, <= capacity)
+  tokens_per_expert  int32 [experts]     out: each local expert's padded rows (cut at capacity)
+  status             int32 [1]           in/out: 2 (CAPACITY_OVERFLOW) is OR-ed in on overflow
+  workspace          schedule_workspace_bytes(ep, routes, experts) bytes, 8-byte aligned
+The order is mok.backends.reference.schedule's, bit for bit. Raises ValueError for bad
+arguments and RuntimeError for a CUDA error.)doc");
+}
+
+}  // namespace mok::api

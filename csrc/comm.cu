@@ -1,0 +1,197 @@
+// NVLink communication kernels: barrier, routing all-gather, dispatch pull and combine push.
+//
+// None of them uses multicast: data moves with 16-byte loads and stores through peer pointers
+// of PyTorch symmetric memory, and ranks synchronise through epoch-tagged flag words (the
+// barrier). The copy kernels do not synchronise by themselves; mok/backends/cuda_comm.py brackets
+// them with barriers, which the stream orders around them:
+//   - data a kernel stores into peers' memory is fenced at system scope by every storing thread
+//     before it exits, then the barrier's release store publishes it;
+//   - a kernel that reads what peers stored runs after a barrier kernel whose acquire loads saw
+//     those peers' flags.
+#include "comm.h"
+#include "common/flags.cuh"
+#include "common/row_copy.cuh"
+
+#include <algorithm>
+#include <cstdint>
+
+namespace mok::comm {
+// A named namespace, not an anonymous one: nvcc derives anonymous-namespace symbol names from the
+// source file's absolute path, which would make the binary depend on where it was built.
+namespace detail {
+
+constexpr int kBarrierThreads = 128;  // >= kMaxRanks: one thread per peer, no loop in practice
+constexpr int kGatherThreads = 256;
+constexpr int kMaxGatherCtasPerPeer = 16;
+
+// One CTA. Thread p signals peer p, then waits for peer p's signal; the epoch counter is read
+// before and written after, by thread 0, so every thread uses the same epoch and the next barrier
+// (next kernel in the stream) uses the one after it.
+__global__ void __launch_bounds__(kBarrierThreads) barrier_kernel(BarrierArgs a) {
+  __shared__ uint32_t s_epoch;
+  if (threadIdx.x == 0) s_epoch = *a.epoch + 1;
+  __syncthreads();
+  const uint32_t epoch = s_epoch;
+  for (int peer = threadIdx.x; peer < a.ep; peer += blockDim.x) {
+    if (peer == a.rank) continue;
+    // Belt and braces: the kernels before this one in the stream fenced their own peer stores;
+    // this fence also covers writes this thread merely observed.
+    system_fence();
+    signal_flag(reinterpret_cast<uint32_t*>(a.flag_table[peer]) + a.rank, epoch);
+  }
+  for (int peer = threadIdx.x; peer < a.ep; peer += blockDim.x) {
+    if (peer != a.rank) wait_flag(a.flags + peer, epoch, a.timeout_ns, a.status);
+  }
+  __syncthreads();
+  // A timed-out wait still advances the epoch: every rank counts the same barriers, so the
+  // ranks stay in step for later calls (the status word already holds the error).
+  if (threadIdx.x == 0) *a.epoch = epoch;
+}
+
+// Grid (ctas_per_peer, ep): blockIdx.y picks the destination, staggered by rank so that the
+// ranks do not all write to the same peer at once; the last one is this rank itself.
+template <typename V>
+__global__ void __launch_bounds__(kGatherThreads) all_gather_kernel(AllGatherArgs a) {
+  const int dst_rank = (a.rank + 1 + static_cast<int>(blockIdx.y)) % a.ep;
+  const int64_t vecs = a.bytes / static_cast<int64_t>(sizeof(V));
+  const V* src = static_cast<const V*>(a.src);
+  V* dst = reinterpret_cast<V*>(a.dst_table[dst_rank] + a.rank * a.bytes);
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < vecs;
+       i += step) {
+    dst[i] = src[i];
+  }
+  system_fence();
+}
+
+// Rows at or past num_tokens are padding (num_tokens clamped to [0, rows]).
+__device__ __forceinline__ int64_t live_rows(const ScheduleView& s) {
+  const int64_t n = *s.num_tokens;
+  return n < 0 ? 0 : (n < s.rows ? n : s.rows);
+}
+
+// Rank and row of schedule row `row` in a [limit, ...] buffer, or false for a row that carries
+// nothing: padding, or an entry outside the group or the buffer (which a valid schedule never
+// holds; skipping it keeps a corrupt schedule from touching memory it does not own).
+__device__ __forceinline__ bool schedule_entry(const ScheduleView& s, int64_t row, int64_t live,
+                                               int ep, int divisor, int64_t limit, int* rank,
+                                               int64_t* index) {
+  if (row >= live) return false;
+  *rank = s.peer_rank[row];
+  const int32_t idx = s.peer_token_idx[row];
+  if (*rank < 0 || *rank >= ep || idx < 0) return false;
+  *index = idx / divisor;
+  return *index < limit;
+}
+
+template <typename V>
+__global__ void __launch_bounds__(kCopyThreads) pull_kernel(PullArgs a, int lane_shift) {
+  const Team team = grid_team(lane_shift);
+  const int64_t vecs = a.row_bytes / static_cast<int64_t>(sizeof(V));
+  const int64_t live = live_rows(a.schedule);
+  for (int64_t row = team.index; row < a.schedule.rows; row += team.count) {
+    V* dst = reinterpret_cast<V*>(static_cast<uint8_t*>(a.out) + row * a.row_bytes);
+    int rank;
+    int64_t index;
+    if (schedule_entry(a.schedule, row, live, a.ep, a.divisor, a.src_rows, &rank, &index)) {
+      const uint8_t* src = reinterpret_cast<const uint8_t*>(a.src_table[rank]);
+      copy_row(dst, reinterpret_cast<const V*>(src + index * a.row_bytes), vecs, team);
+    } else {
+      zero_row(dst, vecs, team);
+    }
+  }
+}
+
+template <typename V>
+__global__ void __launch_bounds__(kCopyThreads) push_kernel(PushArgs a, int lane_shift) {
+  const Team team = grid_team(lane_shift);
+  const int64_t vecs = a.row_bytes / static_cast<int64_t>(sizeof(V));
+  const int64_t live = live_rows(a.schedule);
+  for (int64_t row = team.index; row < a.schedule.rows; row += team.count) {
+    int rank;
+    int64_t index;
+    if (!schedule_entry(a.schedule, row, live, a.ep, 1, a.dst_rows, &rank, &index)) continue;
+    uint8_t* dst = reinterpret_cast<uint8_t*>(a.dst_table[rank]) + index * a.row_bytes;
+    const uint8_t* src = static_cast<const uint8_t*>(a.rows) + row * a.row_bytes;
+    copy_row(reinterpret_cast<V*>(dst), reinterpret_cast<const V*>(src), vecs, team);
+  }
+  system_fence();
+}
+
+// The widest vector (16, 8 or 4 bytes) that divides the row and keeps the local buffer aligned.
+// Peer tables hold 16-byte aligned addresses (checked where they are built), so the row size and
+// the local address decide.
+inline int vector_bytes(int64_t row_bytes, const void* local) {
+  const auto address = reinterpret_cast<uintptr_t>(local);
+  for (int width : {16, 8}) {
+    if (row_bytes % width == 0 && address % width == 0) return width;
+  }
+  return 4;
+}
+
+// Lanes per team: a warp for rows of 32+ vectors, else the next power of two above the count.
+inline int lane_shift_for(int64_t vecs) {
+  int shift = 0;
+  while (shift < 5 && (int64_t{1} << shift) < vecs) ++shift;
+  return shift;
+}
+
+template <typename V>
+void launch_typed(const PullArgs& a, dim3 grid, int shift, cudaStream_t stream) {
+  pull_kernel<V><<<grid, kCopyThreads, 0, stream>>>(a, shift);
+}
+
+template <typename V>
+void launch_typed(const PushArgs& a, dim3 grid, int shift, cudaStream_t stream) {
+  push_kernel<V><<<grid, kCopyThreads, 0, stream>>>(a, shift);
+}
+
+// Picks the vector type for the row size and alignment, then launches `ctas` CTAs.
+template <typename Args>
+cudaError_t launch_rows(const Args& a, const void* local, cudaStream_t stream) {
+  if (a.schedule.rows == 0 || a.row_bytes == 0) return cudaSuccess;
+  const int width = vector_bytes(a.row_bytes, local);
+  const int shift = lane_shift_for(a.row_bytes / width);
+  const dim3 grid(static_cast<unsigned>(std::max(a.ctas, 1)));
+  if (width == 16) {
+    launch_typed<uint4>(a, grid, shift, stream);
+  } else if (width == 8) {
+    launch_typed<uint2>(a, grid, shift, stream);
+  } else {
+    launch_typed<uint32_t>(a, grid, shift, stream);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace detail
+
+cudaError_t launch_barrier(const BarrierArgs& args, cudaStream_t stream) {
+  detail::barrier_kernel<<<1, detail::kBarrierThreads, 0, stream>>>(args);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_all_gather(const AllGatherArgs& args, cudaStream_t stream) {
+  if (args.bytes == 0) return cudaSuccess;
+  const bool wide = args.bytes % 16 == 0 && reinterpret_cast<uintptr_t>(args.src) % 16 == 0;
+  const int64_t vecs = args.bytes / (wide ? 16 : 4);
+  const int64_t per_cta = int64_t{detail::kGatherThreads} * 8;
+  const int64_t ctas = std::min<int64_t>((vecs + per_cta - 1) / per_cta,
+                                         detail::kMaxGatherCtasPerPeer);
+  const dim3 grid(static_cast<unsigned>(ctas), static_cast<unsigned>(args.ep));
+  if (wide) {
+    detail::all_gather_kernel<uint4><<<grid, detail::kGatherThreads, 0, stream>>>(args);
+  } else {
+    detail::all_gather_kernel<uint32_t><<<grid, detail::kGatherThreads, 0, stream>>>(args);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t launch_pull(const PullArgs& args, cudaStream_t stream) {
+  return detail::launch_rows(args, args.out, stream);
+}
+
+cudaError_t launch_push(const PushArgs& args, cudaStream_t stream) {
+  return detail::launch_rows(args, args.rows, stream);
+}
+
+}  // namespace mok::comm

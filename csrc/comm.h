@@ -1,0 +1,75 @@
+// Host entry points of the NVLink communication kernels (defined in comm.cu).
+//
+// Every cross-rank address comes from a device table of int64 peer addresses, one per rank of the
+// group (MoKWorkspace.peer_ptr_tables): entry r is rank r's copy of a symmetric buffer, mapped
+// into this process. Tables are built once per workspace, so a launch passes one pointer per
+// buffer and the kernels stay capturable in a CUDA graph.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace mok::comm {
+
+constexpr int kMaxRanks = 72;     // the largest EP group (one NVL72 domain)
+constexpr int kCopyThreads = 512;  // threads per CTA of the copy kernels
+
+// Device-side barrier over the group, epoch-tagged (see common/flags.cuh).
+struct BarrierArgs {
+  const uint64_t* flag_table = nullptr;  // [ep] every rank's flag words (uint32 [ep] each)
+  uint32_t* flags = nullptr;             // this rank's flag words: flags[r] = rank r's last epoch
+  uint32_t* epoch = nullptr;             // this rank's count of completed barriers
+  int* status = nullptr;                 // device status word; a timeout ORs kStatusTimeout
+  int rank = 0;
+  int ep = 1;
+  uint64_t timeout_ns = 0;
+};
+
+// Stores this rank's `bytes` from `src` at byte offset rank * bytes of every rank's buffer.
+struct AllGatherArgs {
+  const void* src = nullptr;
+  const uint64_t* dst_table = nullptr;  // [ep] every rank's gather buffer (ep * bytes each)
+  int64_t bytes = 0;                    // a multiple of 4
+  int rank = 0;
+  int ep = 1;
+};
+
+// The rows of a schedule as the kernels read them.
+struct ScheduleView {
+  const int32_t* peer_rank = nullptr;       // [rows] source/destination rank, < 0 on padding
+  const int32_t* peer_token_idx = nullptr;  // [rows] token * topk + slot on that rank
+  const int32_t* num_tokens = nullptr;      // [1] rows at or past it are padding
+  int64_t rows = 0;
+};
+
+// out[i] = rank peer_rank[i]'s source row peer_token_idx[i] / divisor; zero on padding rows.
+struct PullArgs {
+  ScheduleView schedule;
+  const uint64_t* src_table = nullptr;  // [ep] every rank's source buffer [src_rows, row_bytes]
+  void* out = nullptr;                  // local [schedule.rows, row_bytes]
+  int64_t row_bytes = 0;                // a multiple of 4
+  int64_t src_rows = 0;
+  int divisor = 1;
+  int ep = 1;
+  int ctas = 1;
+};
+
+// Rank peer_rank[i]'s destination row peer_token_idx[i] = rows[i]; padding rows are skipped.
+struct PushArgs {
+  ScheduleView schedule;
+  const void* rows = nullptr;           // local [schedule.rows, row_bytes]
+  const uint64_t* dst_table = nullptr;  // [ep] every rank's destination [dst_rows, row_bytes]
+  int64_t row_bytes = 0;                // a multiple of 4
+  int64_t dst_rows = 0;
+  int ep = 1;
+  int ctas = 1;
+};
+
+// Each enqueues one kernel on `stream` and returns the launch status (never synchronises).
+cudaError_t launch_barrier(const BarrierArgs& args, cudaStream_t stream);
+cudaError_t launch_all_gather(const AllGatherArgs& args, cudaStream_t stream);
+cudaError_t launch_pull(const PullArgs& args, cudaStream_t stream);
+cudaError_t launch_push(const PushArgs& args, cudaStream_t stream);
+
+}  // namespace mok::comm

@@ -1,0 +1,372 @@
+"""NVLink communication on CUDA: barrier, routing all-gather, dispatch pull, combine push, and the
+combine epilogues. Same semantics as mok.backends.reference, bit for bit.
+
+Data moves through the peer pointers of the workspace's symmetric buffers
+(`MoKWorkspace.peer_ptr_tables`); no multicast, no host sync, no allocation but the outputs, so
+every function is capturable in a CUDA graph. All run on `torch.cuda.current_stream()`.
+
+Synchronisation. `barrier(ws)` is a device-side barrier: each rank stores `epoch + 1` into its
+slot of every peer's `barrier_buffer` (release, system scope), waits until every peer's store has
+reached its own (acquire), and keeps the epoch in `ws.barrier_target`. One epoch counter serves
+every op of the workspace, and all ranks run the same sequence of barriers, so flags are never
+cleared. A wait gives up after MOK_COMM_TIMEOUT_S seconds (default 5) and sets
+`mok.status.TIMEOUT` in `ws.status` instead of hanging. Every rank must call the functions below
+in the same order with the same `sync_*` choices, and one workspace serves one stream at a time.
+
+By default every op is safe on its own, whatever ran before or runs after it:
+
+| op                      | sequence                                                          |
+|-------------------------|-------------------------------------------------------------------|
+| all_gather_top_experts  | barrier, store into every rank's buffer, barrier                  |
+| pull_rows / _router_w.  | barrier (sources written), pull, barrier (sources free to reuse)  |
+| push_rows               | zero own destination, barrier, push, barrier (rows arrived)       |
+
+A caller that already has a barrier in the right place (e.g. one pass that pushes right after it
+pulled) may drop the redundant one with `sync_before=False` / `sync_after=False`; the table says
+what each barrier protects. Routes that nobody pushes (invalid expert ids, capacity overflow) read
+as zero because each rank zeroes its own destination buffer before the barrier that precedes the
+pushes (`zero_fill=True`); a caller that passes `zero_fill=False` must have zeroed it before an
+earlier barrier.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from mok import _extension
+from mok.workspace import MoKWorkspace
+
+_ALIGNMENT = 16  # bytes: the kernels move 16-byte vectors where the sizes allow
+_DEFAULT_TIMEOUT_S = 5.0
+_PULL_SOURCES = ("x_buffer", "d_y_buffer")  # [T, H] buffers whose rows are tokens
+_PUSH_DESTINATIONS = ("combine_buffer", "d_x_routed_buffer", "d_router_weight_buffer")
+
+
+def timeout_ns() -> int:
+    """The barrier's wait bound: MOK_COMM_TIMEOUT_S seconds (default 5), in nanoseconds."""
+    text = os.environ.get("MOK_COMM_TIMEOUT_S", "")
+    seconds = float(text) if text else _DEFAULT_TIMEOUT_S
+    if not seconds > 0:
+        raise ValueError(f"MOK_COMM_TIMEOUT_S must be a positive number of seconds, got {text!r}")
+    return int(seconds * 1e9)
+
+
+def _run(ws: MoKWorkspace, kernel: str, **arguments) -> None:
+    """Call the extension's `kernel` on the workspace device's current stream."""
+    if ws.device.type != "cuda" or not ws.peer_ptr_tables:
+        raise ValueError(
+            f"the CUDA comm kernels need a workspace created on a CUDA device, got {ws.device}"
+        )
+    module = _extension.module_for_device(ws.device)
+    with torch.cuda.device(ws.device):
+        arguments["stream"] = torch.cuda.current_stream(ws.device).cuda_stream
+        getattr(module, kernel)(**arguments)
+
+
+def _default_ctas(device: torch.device) -> int:
+    """One CTA of 512 threads per SM: standalone copies own the GPU (DESIGN.md section 5 measures
+    8-16 CTAs saturating NVLink at EP=2; local rows and zero rows go at HBM speed)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _check(name: str, tensor: torch.Tensor, dtype: torch.dtype, device: torch.device) -> None:
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"`{name}` must be a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dtype != dtype:
+        raise TypeError(f"`{name}` must be {dtype}, got {tensor.dtype}")
+    if tensor.device != device:
+        raise ValueError(f"`{name}` must be on {device}, got {tensor.device}")
+
+
+def _aligned(x: torch.Tensor) -> torch.Tensor:
+    x = x.contiguous()
+    # A contiguous view can still start mid-allocation; a fresh copy is aligned.
+    return x if x.data_ptr() % _ALIGNMENT == 0 else x.clone()
+
+
+def _schedule_rows(ws: MoKWorkspace, schedule) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(peer_rank, peer_token_idx, num_tokens) of a MoKSchedule or its 4-tuple, checked."""
+    parts = schedule.as_tuple() if hasattr(schedule, "as_tuple") else tuple(schedule)
+    if len(parts) != 4:
+        raise TypeError("`schedule` must be a MoKSchedule or its 4-tuple of tensors")
+    peer_rank, peer_token_idx, num_tokens, _ = parts
+    for name, t in (("peer_rank", peer_rank), ("peer_token_idx", peer_token_idx)):
+        _check(name, t, torch.int32, ws.device)
+        if t.dim() != 1 or not t.is_contiguous():
+            raise ValueError(f"`{name}` must be a contiguous int32 [C], got shape {list(t.shape)}")
+    _check("num_tokens", num_tokens, torch.int32, ws.device)
+    if peer_token_idx.shape != peer_rank.shape or num_tokens.shape != (1,):
+        raise ValueError(
+            "schedule shapes must be peer_rank [C], peer_token_idx [C], num_tokens [1]; got "
+            f"{list(peer_rank.shape)}, {list(peer_token_idx.shape)}, {list(num_tokens.shape)}"
+        )
+    return peer_rank, peer_token_idx, num_tokens
+
+
+def _buffer(ws: MoKWorkspace, name: str, allowed: tuple[str, ...]) -> torch.Tensor:
+    if name not in allowed:
+        raise ValueError(f"buffer name must be one of {allowed}, got {name!r}")
+    return getattr(ws, name)
+
+
+def barrier(ws: MoKWorkspace) -> None:
+    """Device-side barrier over the workspace's group (no-op at EP=1)."""
+    if ws.ep_size == 1:
+        return
+    _run(
+        ws,
+        "comm_barrier",
+        flag_table=ws.peer_ptr_tables["barrier_buffer"].data_ptr(),
+        flags=ws.barrier_buffer.data_ptr(),
+        epoch=ws.barrier_target.data_ptr(),
+        status=ws.status.data_ptr(),
+        rank=ws.ep_rank,
+        ep=ws.ep_size,
+        timeout_ns=timeout_ns(),
+    )
+
+
+def all_gather_top_experts(
+    ws: MoKWorkspace, top_experts: torch.Tensor, *, sync_before: bool = True
+) -> torch.Tensor:
+    """Every rank's routing, in rank order: returns `ws.all_gather_top_experts_buffer`
+    (int32 [EP, T, k]), complete in stream order on every rank.
+
+    | argument    | dtype | shape  |
+    |-------------|-------|--------|
+    | top_experts | int32 | [T, k] |
+
+    `sync_before=False` skips the barrier that keeps this rank from overwriting a peer's buffer
+    while the peer still reads the previous all-gather.
+    """
+    _check("top_experts", top_experts, torch.int32, ws.device)
+    shape = (ws.num_local_tokens, ws.topk)
+    if tuple(top_experts.shape) != shape:
+        raise ValueError(
+            f"`top_experts` must be int32 {list(shape)}, got {list(top_experts.shape)}"
+        )
+    src = _aligned(top_experts)
+    if sync_before:
+        barrier(ws)
+    _run(
+        ws,
+        "comm_all_gather",
+        src=src.data_ptr(),
+        dst_table=ws.peer_ptr_tables["all_gather_top_experts_buffer"].data_ptr(),
+        bytes=src.numel() * 4,
+        rank=ws.ep_rank,
+        ep=ws.ep_size,
+    )
+    barrier(ws)
+    return ws.all_gather_top_experts_buffer
+
+
+def _pull(ws, name, source, schedule, out, divisor, sync_before, sync_after, num_ctas):
+    peer_rank, peer_token_idx, num_tokens = _schedule_rows(ws, schedule)
+    row_shape = tuple(source.shape[1:])
+    if out is None:
+        out = torch.empty((peer_rank.shape[0], *row_shape), dtype=source.dtype, device=ws.device)
+    _check("out", out, source.dtype, ws.device)
+    if tuple(out.shape) != (peer_rank.shape[0], *row_shape) or not out.is_contiguous():
+        raise ValueError(
+            f"`out` must be a contiguous {source.dtype} {[peer_rank.shape[0], *row_shape]} "
+            f"(one row per schedule row of `{name}`), got {list(out.shape)}"
+        )
+    if sync_before:
+        barrier(ws)
+    _run(
+        ws,
+        "comm_pull_rows",
+        src_table=ws.peer_ptr_tables[name].data_ptr(),
+        out=out.data_ptr(),
+        peer_rank=peer_rank.data_ptr(),
+        peer_token_idx=peer_token_idx.data_ptr(),
+        num_tokens=num_tokens.data_ptr(),
+        rows=peer_rank.shape[0],
+        row_bytes=source[0].numel() * source.element_size(),
+        src_rows=source.shape[0],
+        divisor=divisor,
+        ep=ws.ep_size,
+        ctas=num_ctas or _default_ctas(ws.device),
+    )
+    if sync_after:
+        barrier(ws)
+    return out
+
+
+def pull_rows(
+    ws: MoKWorkspace,
+    source_buffer_name: str,
+    schedule,
+    out: torch.Tensor | None = None,
+    *,
+    sync_before: bool = True,
+    sync_after: bool = True,
+    num_ctas: int | None = None,
+) -> torch.Tensor:
+    """Dispatch: out[i] = rank peer_rank[i]'s `source[peer_token_idx[i] // topk]`; zero on
+    padding rows (peer_rank < 0) and on rows at or past num_tokens (read on the device).
+
+    | argument            | dtype       | shape                                   |
+    |---------------------|-------------|-----------------------------------------|
+    | source_buffer_name  | -           | "x_buffer" or "d_y_buffer" (bf16 [T, H]) |
+    | schedule            | int32       | MoKSchedule (or its tuple), C rows      |
+    | out (optional)      | bf16        | [C, H], allocated when None             |
+
+    `sync_before` waits until every rank has written its source buffer; `sync_after` keeps the
+    sources from being overwritten while a peer still pulls from them.
+    """
+    source = _buffer(ws, source_buffer_name, _PULL_SOURCES)
+    return _pull(
+        ws, source_buffer_name, source, schedule, out, ws.topk, sync_before, sync_after, num_ctas
+    )
+
+
+def pull_router_weights(
+    ws: MoKWorkspace,
+    schedule,
+    out: torch.Tensor | None = None,
+    *,
+    sync_before: bool = True,
+    sync_after: bool = True,
+    num_ctas: int | None = None,
+) -> torch.Tensor:
+    """Reverse-combine helper: out[i] = rank peer_rank[i]'s `router_weight_buffer` at flat index
+    peer_token_idx[i] (fp32 [C]); 0 on padding rows. Barriers as in `pull_rows`."""
+    source = ws.router_weight_buffer.view(-1)
+    return _pull(
+        ws, "router_weight_buffer", source, schedule, out, 1, sync_before, sync_after, num_ctas
+    )
+
+
+def push_rows(
+    ws: MoKWorkspace,
+    rows: torch.Tensor,
+    schedule,
+    dest_buffer_name: str,
+    *,
+    zero_fill: bool = True,
+    sync_before: bool = True,
+    sync_after: bool = True,
+    num_ctas: int | None = None,
+) -> None:
+    """Combine: row i goes to `dest[peer_token_idx[i]]` on rank peer_rank[i]; on return (in
+    stream order, with `sync_after`) this rank's destination holds every route's row, and zero
+    for the routes nobody pushed.
+
+    | argument         | dtype | shape                                          |
+    |------------------|-------|------------------------------------------------|
+    | rows             | bf16  | [C, H] for combine_buffer / d_x_routed_buffer  |
+    |                  | fp32  | [C] for d_router_weight_buffer (viewed [T*k])  |
+    | dest_buffer_name | -     | one of the three buffers above ([T*k] rows)    |
+
+    `zero_fill` zeroes this rank's destination before the barrier that precedes the pushes
+    (needs `sync_before`); `sync_after` waits until every rank's rows have arrived.
+    """
+    if zero_fill and not sync_before:
+        raise ValueError("`zero_fill=True` needs `sync_before=True`: the zeros must land first")
+    dest = _buffer(ws, dest_buffer_name, _PUSH_DESTINATIONS)
+    peer_rank, peer_token_idx, num_tokens = _schedule_rows(ws, schedule)
+    _check("rows", rows, dest.dtype, ws.device)
+    slots = ws.num_local_tokens * ws.topk
+    row_elems = dest.numel() // slots
+    expected = (peer_rank.shape[0], *([row_elems] if rows.dim() == 2 else []))
+    if tuple(rows.shape) != expected or (rows.dim() == 1 and row_elems != 1):
+        raise ValueError(
+            f"`rows` must be {dest.dtype} [C, {row_elems}] (or [C] for 1-element rows) with "
+            f"C = {peer_rank.shape[0]} schedule rows for `{dest_buffer_name}`, "
+            f"got {list(rows.shape)}"
+        )
+    rows = _aligned(rows)
+    if zero_fill:
+        dest.zero_()
+    if sync_before:
+        barrier(ws)
+    _run(
+        ws,
+        "comm_push_rows",
+        rows_data=rows.data_ptr(),
+        dst_table=ws.peer_ptr_tables[dest_buffer_name].data_ptr(),
+        peer_rank=peer_rank.data_ptr(),
+        peer_token_idx=peer_token_idx.data_ptr(),
+        num_tokens=num_tokens.data_ptr(),
+        rows=peer_rank.shape[0],
+        row_bytes=row_elems * dest.element_size(),
+        dst_rows=slots,
+        ep=ws.ep_size,
+        ctas=num_ctas or _default_ctas(ws.device),
+    )
+    if sync_after:
+        barrier(ws)
+
+
+def _epilogue(shared, routed, weights, topk: int) -> torch.Tensor:
+    _check("routed", routed, torch.bfloat16, routed.device)
+    if routed.dim() != 2 or routed.shape[0] % topk or routed.shape[1] % 8:
+        raise ValueError(
+            f"the routed buffer must be bf16 [T * {topk}, H] with H a multiple of 8, "
+            f"got {list(routed.shape)}"
+        )
+    tokens, hidden = routed.shape[0] // topk, routed.shape[1]
+    if shared is not None:
+        _check("shared", shared, torch.bfloat16, routed.device)
+        if tuple(shared.shape) != (tokens, hidden):
+            raise ValueError(
+                f"the shared output must be bf16 {[tokens, hidden]}, got {list(shared.shape)}"
+            )
+    if weights is not None:
+        _check("topk_weights", weights, torch.float32, routed.device)
+        if tuple(weights.shape) != (tokens, topk):
+            raise ValueError(
+                f"`topk_weights` must be fp32 {[tokens, topk]}, got {list(weights.shape)}"
+            )
+    out = torch.empty((tokens, hidden), dtype=torch.bfloat16, device=routed.device)
+    if out.numel() == 0:
+        return out
+    module = _extension.module_for_device(routed.device)
+    # Hold the (possibly copied) inputs until the launch is enqueued.
+    shared = None if shared is None else _aligned(shared)
+    weights = None if weights is None else weights.contiguous()
+    routed = _aligned(routed)
+    with torch.cuda.device(routed.device):
+        module.comm_epilogue(
+            shared=0 if shared is None else shared.data_ptr(),
+            routed=routed.data_ptr(),
+            weights=0 if weights is None else weights.data_ptr(),
+            out=out.data_ptr(),
+            tokens=tokens,
+            hidden=hidden,
+            topk=topk,
+            stream=torch.cuda.current_stream(routed.device).cuda_stream,
+        )
+    return out
+
+
+def fwd_epilogue(
+    y_shared: torch.Tensor | None, combine_buffer: torch.Tensor, topk_weights: torch.Tensor
+) -> torch.Tensor:
+    """out[t] = bf16(y_shared[t] + sum_j w[t, j] * combine_buffer[t * k + j]), fp32, j in order
+    (bit for bit `mok.ops.fwd_epilogue`'s reference arithmetic).
+
+    | argument       | dtype | shape          |
+    |----------------|-------|----------------|
+    | y_shared       | bf16  | [T, H] or None |
+    | combine_buffer | bf16  | [T * k, H]     |
+    | topk_weights   | fp32  | [T, k]         |
+    | output         | bf16  | [T, H]         |
+    """
+    if topk_weights.dim() != 2:
+        raise ValueError(f"`topk_weights` must be fp32 [T, k], got {list(topk_weights.shape)}")
+    return _epilogue(y_shared, combine_buffer, topk_weights, topk_weights.shape[1])
+
+
+def bwd_epilogue(
+    d_x_shared: torch.Tensor | None, d_x_routed_buffer: torch.Tensor, topk: int
+) -> torch.Tensor:
+    """d_x[t] = bf16(d_x_shared[t] + sum_j d_x_routed_buffer[t * k + j]), fp32, j in order
+    (bit for bit `mok.ops.bwd_epilogue`'s reference arithmetic). Shapes as `fwd_epilogue`."""
+    if not isinstance(topk, int) or topk < 1:
+        raise ValueError(f"`topk` must be a positive int, got {topk!r}")
+    return _epilogue(d_x_shared, d_x_routed_buffer, None, topk)

@@ -1,0 +1,95 @@
+"""The routed-row schedule on the GPU (csrc/schedule.cu): same contract and bits as
+`mok.backends.reference.schedule`, no host synchronisation, capturable in a CUDA graph.
+
+Torch allocates the outputs and the kernels' scratch; the extension gets their addresses and the
+current stream. Capacity overflow is reported by OR-ing `mok.status.CAPACITY_OVERFLOW` into
+`status`, never by a trap.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mok import _extension
+from mok._checks import check_multiple, check_range, check_tensor
+
+# csrc/schedule.h kMaxLocalExperts: the place kernel keeps one shared int32 counter per local
+# expert and warp in 32 KiB (a CPU test keeps the two equal).
+MAX_LOCAL_EXPERTS = 8192
+_INT32_MAX = 2**31 - 1
+
+
+def _check(topk_all, num_local_experts, capacity, rank, status) -> None:
+    check_tensor(
+        "topk_all",
+        topk_all,
+        dtype=torch.int32,
+        shape=(None, None, None),
+        dims=("EP", "T", "k"),
+        contiguous=False,
+    )
+    if not topk_all.is_cuda:
+        raise ValueError(f"`topk_all` must be on a CUDA device, got {topk_all.device}")
+    check_tensor("status", status, dtype=torch.int32, shape=(1,), device=topk_all.device)
+    ep, tokens, topk = topk_all.shape
+    check_range("EP (topk_all.shape[0])", ep, 1, 65535)
+    check_range("T * k (routes per source)", tokens * topk, 0, _INT32_MAX)
+    check_range("num_local_experts", num_local_experts, 1, MAX_LOCAL_EXPERTS)
+    check_multiple("capacity", capacity, 256, minimum=256)
+    check_range("capacity", capacity, 256, _INT32_MAX)
+    check_range("rank", rank, 0, ep - 1)
+
+
+def schedule(
+    topk_all: torch.Tensor,
+    num_local_experts: int,
+    capacity: int,
+    rank: int,
+    status: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The schedule of destination `rank` (order: `mok.backends.reference.schedule`).
+
+    | argument / output  | dtype | shape      | notes                                         |
+    |--------------------|-------|------------|-----------------------------------------------|
+    | topk_all           | int32 | [EP, T, k] | global expert ids on a CUDA device, any value |
+    | status             | int32 | [1]        | CAPACITY_OVERFLOW is OR-ed in on overflow     |
+    | peer_rank          | int32 | [C]        | source rank per row, -1 on padding            |
+    | peer_token_idx     | int32 | [C]        | token * k + slot on the source, -1 on padding |
+    | num_tokens         | int32 | [1]        | rows in use, a multiple of 256, <= C          |
+    | tokens_per_expert  | int32 | [E]        | padded rows per local expert, cut at C        |
+
+    C = `capacity` (a multiple of 256), E = `num_local_experts` (at most 8192), `rank` in
+    [0, EP). Asynchronous on the current stream; NotImplementedError if no module serves the
+    device.
+    """
+    _check(topk_all, num_local_experts, capacity, rank, status)
+    module = _extension.module_for_device(topk_all.device)
+    topk_all = topk_all.contiguous()
+    ep, tokens, topk = topk_all.shape
+    routes, device = tokens * topk, topk_all.device
+
+    def int32(*shape: int) -> torch.Tensor:
+        return torch.empty(shape, dtype=torch.int32, device=device)
+
+    peer_rank, peer_token_idx = int32(capacity), int32(capacity)
+    num_tokens, tokens_per_expert = int32(1), int32(num_local_experts)
+    scratch_bytes = module.schedule_workspace_bytes(ep, routes, num_local_experts)
+    # int64 elements: the scratch starts with int64 segment offsets.
+    scratch = torch.empty((scratch_bytes + 7) // 8, dtype=torch.int64, device=device)
+    with torch.cuda.device(device):
+        module.schedule(
+            topk_all=topk_all.data_ptr() if routes else 0,
+            peer_rank=peer_rank.data_ptr(),
+            peer_token_idx=peer_token_idx.data_ptr(),
+            num_tokens=num_tokens.data_ptr(),
+            tokens_per_expert=tokens_per_expert.data_ptr(),
+            status=status.data_ptr(),
+            workspace=scratch.data_ptr(),
+            ep=ep,
+            routes=routes,
+            experts=num_local_experts,
+            capacity=capacity,
+            rank=rank,
+            stream=torch.cuda.current_stream(device).cuda_stream,
+        )
+    return peer_rank, peer_token_idx, num_tokens, tokens_per_expert

@@ -1,0 +1,153 @@
+"""The benchmark suite end to end on CPU: `benchmarks/run.py --smoke` through torchrun on 1 and 2
+gloo ranks (the path the device runbook takes, with tiny shapes and the reference backend), the
+results schema, the baseline's correctness against a float64 dense MoE (so the baseline the
+numbers are compared with is a correct MoE, not a strawman), and the chart.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import mok
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+if not (BENCHMARKS / "run.py").exists():
+    pytest.skip(f"benchmarks/ is not next to the tests ({BENCHMARKS})", allow_module_level=True)
+
+EP_SIZES = (1, 2)
+SYSTEMS = ("nccl_torch", "mok_bf16", "mok_mxfp8")
+SMOKE_SHAPES = ("tiny", "tiny-noshared")
+CHECKED = ("out", "d_x", "d_rw", "d_gate", "d_up", "d_down")
+# Σ|diff| / Σ|ref| bounds against float64 (the original's tolerances): BF16 0.01, MXFP8 0.1.
+BOUND = {"nccl_torch": 0.01, "mok_bf16": 0.01, "mok_mxfp8": 0.1}
+
+
+@functools.cache
+def _load(name: str):
+    """A benchmarks/ module under a private name (benchmarks/ is not a package)."""
+    spec = importlib.util.spec_from_file_location(f"mok_bench_{name}", BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+def _child_env() -> dict[str, str]:
+    # The ranks import the same mok as this process (the wheel under tools/test_wheel.sh, the
+    # source tree otherwise) and the same third-party packages (Bazel runfiles included).
+    paths = [str(Path(mok.__file__).resolve().parent.parent), *sys.path]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
+    env.pop("MOK_BACKEND", None)
+    return env
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory) -> dict:
+    """results.json after smoke runs at EP 1 and EP 2 into one directory, plus their stdout."""
+    out = tmp_path_factory.mktemp("bench")
+    stdout = {}
+    for ep in EP_SIZES:  # one after the other: run.py merges both into one results.json
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        command += [f"--nproc-per-node={ep}", str(BENCHMARKS / "run.py"), "--smoke"]
+        done = subprocess.run(
+            [*command, "--out", str(out)],
+            env=_child_env(),
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert done.returncode == 0, f"EP {ep} smoke run failed:\n{done.stdout}\n{done.stderr}"
+        stdout[ep] = done.stdout
+    return {"dir": out, "data": json.loads((out / "results.json").read_text()), "stdout": stdout}
+
+
+def _records(smoke: dict, ep: int, system: str | None = None) -> list[dict]:
+    (run,) = [r for r in smoke["data"]["runs"] if r["ep"] == ep]
+    return [r for r in run["records"] if system is None or r["system"] == system]
+
+
+def test_one_run_per_ep_with_environment_and_floors(smoke):
+    data = smoke["data"]
+    assert data["schema"] == "mok-bench/1"
+    assert sorted(r["ep"] for r in data["runs"]) == list(EP_SIZES)
+    for run in data["runs"]:
+        assert run["smoke"] is True
+        env = run["env"]
+        for key in ("torch", "git_commit", "gpu", "driver", "backend", "mok_version", "time_utc"):
+            assert key in env
+        assert env["backend"] == "gloo" and env["world_size"] == run["ep"]
+        floors = run["floors"]
+        assert floors["gemm_bf16_tflops"] > 0 and floors["d2d_copy_GBps"] > 0
+        assert floors["nvlink"] is None  # no GPUs here
+
+
+@pytest.mark.parametrize("ep", EP_SIZES, ids=lambda ep: f"ep{ep}")
+def test_every_system_and_shape_measured(smoke, ep):
+    records = _records(smoke, ep)
+    assert sorted((r["system"], r["shape"]) for r in records) == sorted(
+        (system, shape) for system in SYSTEMS for shape in SMOKE_SHAPES
+    )
+    for r in records:
+        assert "error" not in r and "skipped" not in r, r
+        assert r["ep"] == ep
+        for phase in ("fwd", "bwd"):
+            timing = r[phase]
+            assert 0 < timing["min_ms"] <= timing["median_ms"] <= timing["max_ms"]
+            assert timing["iters"] >= 1 and timing["warmup_iters"] >= 1
+            assert r[f"tflops_{phase}"] > 0 and r[f"x_floor_{phase}"] > 0
+        assert r["flops_bwd"] == 2 * r["flops_fwd"]
+        if r["system"] == "nccl_torch":  # the yardstick of mok's expert GEMM kernels
+            assert r["grouped_mm_gate_up_tflops"] > 0 and r["grouped_mm_down_tflops"] > 0
+
+
+@pytest.mark.parametrize("ep", EP_SIZES, ids=lambda ep: f"ep{ep}")
+@pytest.mark.parametrize("system", SYSTEMS)
+def test_outputs_and_gradients_match_dense_float64(smoke, system, ep):
+    for r in _records(smoke, ep, system):
+        errors = r["check"]["vs_dense"]
+        assert set(errors) == set(CHECKED)
+        for name, error in errors.items():
+            assert error["rel_l1"] <= BOUND[system], (r["shape"], name, error)
+
+
+@pytest.mark.parametrize("ep", EP_SIZES, ids=lambda ep: f"ep{ep}")
+def test_mok_compared_with_the_baseline_in_the_same_run(smoke, ep):
+    for r in _records(smoke, ep, "mok_bf16"):
+        for name, error in r["check"]["vs_baseline"].items():
+            assert error["rel_l1"] <= 2 * BOUND["mok_bf16"], (r["shape"], name, error)
+
+
+def test_table_printed_by_rank_zero(smoke):
+    for ep, text in smoke["stdout"].items():
+        assert f"EP {ep} on CPU: bf16 GEMM" in text
+        assert sum(line.startswith(SYSTEMS) for line in text.splitlines()) == 2 * len(SYSTEMS)
+
+
+def test_flop_count_is_the_originals():
+    harness = _load("harness")
+    with_shared = harness.SHAPES["dsv4-pro"]
+    t, k, h, i = with_shared.tokens, with_shared.topk, with_shared.hidden, with_shared.inter
+    assert harness.flops(with_shared) == (6 * (t + t * k) * h * i, 12 * (t + t * k) * h * i)
+    routed_only = harness.SHAPES["qwen3-235b"]
+    t, k, h, i = routed_only.tokens, routed_only.topk, routed_only.hidden, routed_only.inter
+    assert harness.flops(routed_only) == (6 * t * k * h * i, 12 * t * k * h * i)
+
+
+@pytest.mark.parametrize("name", ["dsv4-pro", "qwen3-235b", "qwen3.5"])
+def test_each_expert_sees_about_2048_rows(name):
+    assert _load("harness").SHAPES[name].rows_per_expert == 2048
+
+
+def test_plot_writes_a_png(smoke):
+    pytest.importorskip("matplotlib", reason="plot.py needs matplotlib")
+    png = smoke["dir"] / "chart.png"
+    assert _load("plot").main([str(smoke["dir"] / "results.json"), "--out", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,234 @@
+"""The NVLink comm kernels (mok.backends.cuda_comm) against the reference backend, bit for bit.
+
+One pytest process per rank, through torchrun; EP is the number of processes:
+
+    torchrun --standalone --nproc-per-node=2 -m pytest tests/gpu/test_comm.py -s   # EP=2
+    torchrun --standalone --nproc-per-node=1 -m pytest tests/gpu/test_comm.py -s   # EP=1
+
+At EP > 1 every test here carries the `multi_gpu` marker. Fresh random data every run (the seed
+is printed; replay with MOK_TEST_SEED), outputs and destinations poisoned before the kernels
+write them, CALLS back-to-back calls per test without clearing anything (the epoch-tagged flags
+are reused), ranks delayed by random GPU sleeps so a missing barrier shows up as wrong data,
+skewed routing (everything to one rank or one expert, empty experts, invalid ids, capacity
+overflow), the timeout path and the argument checks. test_comm_pipeline.py composes the ops as
+the backend does, replays them in a CUDA graph and measures bandwidth; test_epilogue_cuda.py
+checks the epilogues.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from comm_helpers import (
+    CALLS,
+    ROUTINGS,
+    SHAPE_IDS,
+    SHAPES,
+    WORLD,
+    bit_mismatch,
+    expect_clean,
+    fresh_schedule,
+    generator,
+    host_random,
+    poison,
+    random_rows,
+    routing,
+    shared_seed,
+    skew,
+    workspace_cache,
+)
+
+from mok import _extension
+from mok import status as device_status
+from mok.backends import cuda_comm, reference
+
+pytestmark = [pytest.mark.gpu, *([pytest.mark.multi_gpu] if WORLD > 1 else [])]
+
+
+@pytest.fixture(scope="module")
+def device(nccl_group) -> torch.device:
+    """This rank's GPU; the NCCL world comes from tests/gpu/conftest.py (torchrun's, or one rank
+    without torchrun), which also skips with the reason when there is no GPU or no module."""
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+@pytest.fixture(scope="module")
+def seed(device) -> int:
+    value = shared_seed(device)
+    print(f"\ncomm test seed: MOK_TEST_SEED={value} (EP={WORLD}, rank {dist.get_rank()})")
+    return value
+
+
+@pytest.fixture(scope="module")
+def workspaces(device):
+    return workspace_cache(device)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+def test_all_gather_top_experts(shape, seed, workspaces):
+    ws = workspaces(shape)
+    gen, rng = generator(seed, "ag", shape), host_random(seed, "ag", shape)
+    problems = []
+    for call in range(CALLS):
+        kind = ROUTINGS[call % len(ROUTINGS)]
+        mine = routing(kind, ws.num_local_tokens, ws.topk, ws.ep_size * shape[3], gen)
+        poison(ws.all_gather_top_experts_buffer)
+        skew(rng)
+        got = cuda_comm.all_gather_top_experts(ws, mine).clone()
+        want = reference.all_gather(mine, ws.group_name)
+        problems.append(bit_mismatch(f"all-gather call {call} ({kind})", got, want))
+    expect_clean(ws, problems)
+
+
+def test_barrier_advances_one_epoch_per_call(seed, workspaces):
+    ws = workspaces(SHAPES[0])
+    rng = host_random(seed, "barrier")
+    torch.cuda.synchronize()
+    before = int(ws.barrier_target.item())
+    for _ in range(CALLS):
+        skew(rng)
+        cuda_comm.barrier(ws)
+    torch.cuda.synchronize()
+    after = int(ws.barrier_target.item())
+    expected = before + (CALLS if ws.ep_size > 1 else 0)
+    problems = [None if after == expected else f"epoch {before} -> {after}, want {expected}"]
+    flags = ws.barrier_buffer.tolist()
+    for peer, flag in enumerate(flags):
+        # A peer may already have signalled the next barrier (the next test's), never more.
+        if peer != ws.ep_rank and ws.ep_size > 1 and flag - after not in (0, 1):
+            problems.append(f"rank {ws.ep_rank}: flag of peer {peer} is {flag}, epoch {after}")
+    expect_clean(ws, problems)
+
+
+@pytest.mark.parametrize("kind", ROUTINGS)
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+def test_pull_rows_and_router_weights(shape, kind, seed, workspaces):
+    ws = workspaces(shape)
+    gen, rng = generator(seed, "pull", shape, kind), host_random(seed, "pull", shape, kind)
+    problems = []
+    for call in range(CALLS):
+        sched = fresh_schedule(ws, kind, shape[3], gen)
+        name = ("x_buffer", "d_y_buffer")[call % 2]
+        source = getattr(ws, name)
+        source.copy_(random_rows(tuple(source.shape), torch.bfloat16, gen))
+        ws.router_weight_buffer.copy_(
+            random_rows((ws.num_local_tokens, ws.topk), torch.float32, gen)
+        )
+        out = poison(
+            torch.empty((sched[0].shape[0], ws.hidden_size), dtype=torch.bfloat16, device="cuda")
+        )
+        out_rw = poison(torch.empty(sched[0].shape[0], dtype=torch.float32, device="cuda"))
+        skew(rng)
+        cuda_comm.pull_rows(ws, name, sched, out)
+        skew(rng)
+        got_rw = cuda_comm.pull_router_weights(ws, sched, out_rw)
+        want = reference.pull_rows(source, sched[0], sched[1], ws.topk, ws.group_name)
+        want_rw = reference.pull_router_weights(
+            ws.router_weight_buffer, sched[0], sched[1], ws.group_name
+        )
+        problems.append(bit_mismatch(f"pull {name} call {call}", out, want))
+        problems.append(bit_mismatch(f"pull router weights call {call}", got_rw, want_rw))
+    expect_clean(ws, problems)
+
+
+@pytest.mark.parametrize("kind", ROUTINGS)
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+def test_push_rows(shape, kind, seed, workspaces):
+    ws = workspaces(shape)
+    gen, rng = generator(seed, "push", shape, kind), host_random(seed, "push", shape, kind)
+    problems = []
+    for call in range(CALLS):
+        sched = fresh_schedule(ws, kind, shape[3], gen)
+        rows_count = sched[0].shape[0]
+        name = ("combine_buffer", "d_x_routed_buffer")[call % 2]
+        dest = getattr(ws, name)
+        rows = random_rows((rows_count, ws.hidden_size), torch.bfloat16, gen)
+        rw_rows = random_rows((rows_count,), torch.float32, gen)
+        poison(dest)
+        poison(ws.d_router_weight_buffer)
+        skew(rng)
+        cuda_comm.push_rows(ws, rows, sched, name)
+        got = dest.clone()
+        skew(rng)
+        cuda_comm.push_rows(ws, rw_rows, sched, "d_router_weight_buffer")
+        got_rw = ws.d_router_weight_buffer.clone()
+        want, want_rw = torch.zeros_like(dest), torch.zeros_like(ws.d_router_weight_buffer)
+        reference.push_rows(rows, sched[0], sched[1], want, ws.group_name)
+        reference.push_rows(rw_rows, sched[0], sched[1], want_rw.view(-1), ws.group_name)
+        problems.append(bit_mismatch(f"push into {name} call {call}", got, want))
+        problems.append(bit_mismatch(f"push router-weight grads call {call}", got_rw, want_rw))
+    expect_clean(ws, problems)
+
+
+@pytest.mark.skipif(WORLD < 2, reason="a barrier timeout needs a peer that does not arrive")
+def test_barrier_timeout_sets_status_and_ranks_recover(workspaces, monkeypatch):
+    ws = workspaces(SHAPES[0])
+    torch.cuda.synchronize()
+    dist.barrier()
+    if ws.ep_rank == 0:  # waits alone, gives up after 0.2 s
+        monkeypatch.setenv("MOK_COMM_TIMEOUT_S", "0.2")
+        cuda_comm.barrier(ws)
+        torch.cuda.synchronize()
+        monkeypatch.delenv("MOK_COMM_TIMEOUT_S")
+    dist.barrier()  # NCCL: the others start only after rank 0 timed out
+    if ws.ep_rank != 0:  # rank 0's signal is already there: they pass, epochs agree again
+        cuda_comm.barrier(ws)
+    cuda_comm.barrier(ws)  # everyone, in step
+    torch.cuda.synchronize()
+    value = int(ws.status.item())
+    ws.status.zero_()
+    epochs = reference.all_gather(ws.barrier_target, ws.group_name).flatten().tolist()
+    if ws.ep_rank == 0:
+        assert value & device_status.TIMEOUT, f"rank 0 status {value:#x} lacks TIMEOUT"
+        with pytest.raises(device_status.MoKDeviceError, match="barrier gave up"):
+            device_status.raise_for(value)
+    else:
+        assert value == 0, f"rank {ws.ep_rank} status {value:#x}"
+    assert len(set(epochs)) == 1, f"epochs differ after recovery: {epochs}"
+
+
+def test_pointer_tables_match_symmetric_memory(workspaces):
+    ws = workspaces(SHAPES[0])
+    problems = []
+    for name, table in ws.peer_ptr_tables.items():
+        tensor, handle = getattr(ws, name), getattr(ws, f"{name}_handle")
+        ptrs = table.tolist()
+        if ptrs[ws.ep_rank] != tensor.data_ptr():
+            problems.append(f"{name}: own entry {ptrs[ws.ep_rank]:#x} != {tensor.data_ptr():#x}")
+        for peer in range(ws.ep_size):
+            remote = handle.get_remote_tensor(peer, tuple(tensor.shape), tensor.dtype)
+            if remote.data_ptr() != ptrs[peer]:
+                problems.append(f"{name}: peer {peer} {ptrs[peer]:#x} != {remote.data_ptr():#x}")
+    assert not problems, "\n".join(problems)
+
+
+def test_rejects_bad_arguments(workspaces):
+    ws = workspaces(SHAPES[0])
+    sched = (torch.zeros(256, dtype=torch.int32, device="cuda"),) * 2 + (
+        torch.zeros(1, dtype=torch.int32, device="cuda"),
+        torch.zeros(2, dtype=torch.int32, device="cuda"),
+    )
+    with pytest.raises(ValueError, match="must be one of"):
+        cuda_comm.pull_rows(ws, "combine_buffer", sched)
+    with pytest.raises(TypeError, match="int32"):
+        cuda_comm.all_gather_top_experts(ws, torch.zeros(101, 3, dtype=torch.int64, device="cuda"))
+    with pytest.raises(ValueError, match="rows"):
+        cuda_comm.push_rows(
+            ws, torch.zeros(255, 128, dtype=torch.bfloat16, device="cuda"), sched, "combine_buffer"
+        )
+    with pytest.raises(ValueError, match="zero_fill"):
+        cuda_comm.push_rows(
+            ws,
+            torch.zeros(256, 128, dtype=torch.bfloat16, device="cuda"),
+            sched,
+            "combine_buffer",
+            sync_before=False,
+        )
+    module = _extension.module_for_device(ws.device)
+    with pytest.raises(ValueError, match="row_bytes"):
+        module.comm_pull_rows(1 << 20, 1 << 20, 1 << 20, 1 << 20, 1 << 20, 256, 6, 1, 1, 1, 1, 0)
+    with pytest.raises(ValueError, match="rank"):
+        module.comm_barrier(1 << 20, 1 << 20, 1 << 20, 1 << 20, 3, 2, 1, 0)
+    with pytest.raises(ValueError, match="ep"):
+        module.comm_all_gather(1 << 20, 1 << 20, 16, 0, 73, 0)

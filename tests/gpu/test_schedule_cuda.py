@@ -1,0 +1,328 @@
+"""The CUDA schedule (csrc/schedule.cu) against the reference (mok.backends.reference.schedule),
+exactly: peer_rank, peer_token_idx, num_tokens, tokens_per_expert and the status word.
+
+Fresh random routing every run (the seed is printed; MOK_TEST_SEED replays it), outputs and the
+kernels' scratch poisoned before the kernels run, EP 1..72 simulated on one GPU by building the
+gathered table [EP, T, k] directly, skewed and invalid routing, capacity overflow, bitwise
+repeatability, CUDA-graph capture with new routing per replay, and a timing line. Runs under
+plain pytest and under `torchrun --nproc-per-node=1 -m pytest`.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import statistics
+import zlib
+
+import pytest
+import torch
+
+from mok import _extension, status
+from mok.backends import cuda_schedule, reference
+
+pytestmark = pytest.mark.gpu
+
+POISON = 0x5A5A5A5A  # neither -1 nor a plausible rank, token index or row count
+
+
+def _skip_reason() -> str | None:
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    major, minor = torch.cuda.get_device_capability()
+    if not _extension.is_supported():
+        return (
+            f"no mok CUDA module for compute capability {major}.{minor} in this installation "
+            f"(it carries: {', '.join(_extension.installed_archs()) or 'none'})"
+        )
+    return None
+
+
+_REASON = _skip_reason()
+requires_module = pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _device():
+    if _REASON is None:  # torchrun gives each process its GPU through LOCAL_RANK
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+
+
+@pytest.fixture(scope="module")
+def seed() -> int:
+    value = int(os.environ.get("MOK_TEST_SEED") or secrets.randbits(31))
+    print(f"\nschedule cuda test seed: MOK_TEST_SEED={value}")
+    return value
+
+
+def _generator(seed: int, salt: object) -> torch.Generator:
+    # crc32, not hash(): str hashes change per process, which would break MOK_TEST_SEED replays.
+    salted = seed * 1_000_003 + zlib.crc32(repr(salt).encode())
+    return torch.Generator(device="cuda").manual_seed(salted % 2**62)
+
+
+def _routing(ep, tokens, topk, experts, gen, low=0, high=None) -> torch.Tensor:
+    high = ep * experts if high is None else high
+    shape = (ep, tokens, topk)
+    return torch.randint(low, high, shape, generator=gen, device="cuda", dtype=torch.int32)
+
+
+def _ample(topk_all: torch.Tensor, experts: int) -> int:
+    """A capacity no routing of this shape can overflow."""
+    return -(-(topk_all.numel() + 256 * experts) // 256) * 256
+
+
+def _kernel(topk_all, experts, capacity, rank, word):
+    """The extension on poisoned outputs and poisoned scratch (nothing may rely on zeros)."""
+    module = _extension.module_for_device(topk_all.device)
+    ep, routes = topk_all.shape[0], topk_all[0].numel()
+
+    def poisoned(n: int) -> torch.Tensor:
+        return torch.full((n,), POISON, dtype=torch.int32, device="cuda")
+
+    outs = (poisoned(capacity), poisoned(capacity), poisoned(1), poisoned(experts))
+    scratch_bytes = module.schedule_workspace_bytes(ep, routes, experts)
+    scratch = torch.randint(-(2**62), 2**62, ((scratch_bytes + 7) // 8,), device="cuda")
+    module.schedule(
+        topk_all.data_ptr(),
+        *(t.data_ptr() for t in outs),
+        word.data_ptr(),
+        scratch.data_ptr(),
+        ep,
+        routes,
+        experts,
+        capacity,
+        rank,
+        torch.cuda.current_stream().cuda_stream,
+    )
+    return outs
+
+
+def _compare(topk_all, experts, capacity, rank, *, word_before: int = 0) -> int:
+    """Run both on the same CUDA tensor; assert identical outputs and status; return status."""
+    got_word = torch.full((1,), word_before, dtype=torch.int32, device="cuda")
+    want_word = got_word.clone()
+    got = _kernel(topk_all, experts, capacity, rank, got_word)
+    want = reference.schedule(topk_all, experts, capacity, rank, want_word)
+    what = f"EP={topk_all.shape[0]} T={topk_all.shape[1]} k={topk_all.shape[2]} E={experts} "
+    what += f"C={capacity} rank={rank}"
+    for name, g, w in zip(
+        ("peer_rank", "peer_token_idx", "num_tokens", "tokens_per_expert"), got, want, strict=True
+    ):
+        assert g.dtype == w.dtype == torch.int32 and g.shape == w.shape, f"{what}: {name}"
+        bad = (g != w).nonzero()
+        assert bad.numel() == 0, (
+            f"{what}: {name} differs at {bad.shape[0]} rows, first row {bad[0].item()}: "
+            f"kernel {g[bad[0]].item()}, reference {w[bad[0]].item()}"
+        )
+    assert int(got_word) == int(want_word), f"{what}: status {int(got_word)} != {int(want_word)}"
+    return int(got_word)
+
+
+# (EP, T, k, E): tails shorter than a warp, several chunks, fewer warps per block (E > 1024),
+# one warp per block (E = 8192).
+SMALL = {
+    "ep1-t1-k1-e1": (1, 1, 1, 1),
+    "ep2-t0-k4-e3": (2, 0, 4, 3),  # no routes: only the fill and the segment kernels run
+    "ep2-t40-k3-e3": (2, 40, 3, 3),
+    "ep3-t700-k2-e5": (3, 700, 2, 5),
+    "ep4-t1000-k6-e1500": (4, 1000, 6, 1500),
+    "ep1-t2000-k4-e8192": (1, 2000, 4, 8192),
+    "ep72-t300-k4-e4": (72, 300, 4, 4),
+    "ep7-t1111-k5-e256": (7, 1111, 5, 256),
+}
+
+
+@requires_module
+@pytest.mark.parametrize("case", SMALL.values(), ids=SMALL.keys())
+def test_small(case, seed):
+    ep, tokens, topk, experts = case
+    topk_all = _routing(ep, tokens, topk, experts, _generator(seed, case))
+    for rank in sorted({0, ep // 2, ep - 1}):
+        assert _compare(topk_all, experts, _ample(topk_all, experts), rank) == 0
+
+
+@requires_module
+@pytest.mark.parametrize("ep", [2, 4, 8, 16, 32, 64, 72], ids=lambda ep: f"ep{ep}")
+def test_deepseek_like(ep, seed):
+    """T=4096, top-6, 12 local experts; an ample capacity and the config's default one
+    (0.5 * EP * T * k, which overflows at EP=2: the status must then match too)."""
+    tokens, topk, experts = 4096, 6, 12
+    topk_all = _routing(ep, tokens, topk, experts, _generator(seed, ("dsv", ep)))
+    default = max(256, int(0.5 * ep * tokens * topk) // 256 * 256)
+    for rank in sorted({0, ep - 1, ep // 3}):
+        assert _compare(topk_all, experts, _ample(topk_all, experts), rank) == 0
+        _compare(topk_all, experts, default, rank)
+
+
+SKEWS = ["all-to-one-expert", "empty-experts", "one-rank-gets-all", "nothing-for-rank"]
+
+
+@requires_module
+@pytest.mark.parametrize("skew", SKEWS)
+@pytest.mark.parametrize("ep", [2, 8, 64], ids=lambda ep: f"ep{ep}")
+def test_skewed(skew, ep, seed):
+    tokens, topk, experts, rank = 4096, 6, 12, ep - 1
+    topk_all = _routing(ep, tokens, topk, experts, _generator(seed, (skew, ep)))
+    if skew == "all-to-one-expert":
+        topk_all.fill_(rank * experts + 5)
+    elif skew == "empty-experts":  # only local experts 0, 3 and 11 receive anything
+        used = torch.tensor([0, 3, 11], dtype=torch.int32, device="cuda")
+        topk_all = topk_all // experts * experts + used[(topk_all % 3).long()]
+    elif skew == "one-rank-gets-all":
+        topk_all = rank * experts + topk_all % experts
+    else:
+        topk_all = torch.where(topk_all // experts == rank, 0, topk_all)
+    assert _compare(topk_all, experts, _ample(topk_all, experts), rank) == 0
+
+
+@requires_module
+def test_invalid_ids_are_never_scheduled(seed):
+    ep, experts = 8, 6
+    topk_all = _routing(ep, 2048, 4, experts, _generator(seed, "invalid"), -5, ep * experts + 5)
+    topk_all[0, 0, :] = torch.tensor([-(2**31), 2**31 - 1, -1, ep * experts], dtype=torch.int32)
+    for rank in range(ep):
+        assert _compare(topk_all, experts, _ample(topk_all, experts), rank) == 0
+
+
+@requires_module
+@pytest.mark.parametrize("fraction", [0.0, 0.25, 0.6, 0.95], ids=lambda f: f"cap{f}")
+def test_overflow_is_reported_and_matches(fraction, seed):
+    ep, tokens, topk, experts, rank = 8, 4096, 8, 16, 3
+    gen = _generator(seed, ("overflow", fraction))
+    topk_all = _routing(ep, tokens, topk, experts, gen)
+    hot = torch.rand(topk_all.shape, generator=gen, device="cuda") < 0.5
+    topk_all = torch.where(hot, rank * experts + 7, topk_all)  # rank 3 gets most routes
+    word = torch.zeros(1, dtype=torch.int32, device="cuda")
+    needed = int(reference.schedule(topk_all, experts, _ample(topk_all, experts), rank, word)[2])
+    capacity = max(256, int(needed * fraction) // 256 * 256)
+    assert _compare(topk_all, experts, capacity, rank) == status.CAPACITY_OVERFLOW
+    # Bits already in the word stay (the kernel only ORs).
+    assert _compare(topk_all, experts, capacity, rank, word_before=1) == 1 | 2
+
+
+@requires_module
+@pytest.mark.parametrize("index", range(12), ids=lambda i: f"random{i}")
+def test_random_shapes(index, seed):
+    gen = torch.Generator().manual_seed(seed + index)
+
+    def pick(low: int, high: int) -> int:
+        return int(torch.randint(low, high + 1, (1,), generator=gen))
+
+    ep, tokens, topk = pick(1, 72), pick(1, 3000), pick(1, 10)
+    experts = [pick(1, 16), pick(1, 300), pick(1000, 8192)][index % 3]
+    topk_all = _routing(ep, tokens, topk, experts, _generator(seed, ("random", index)), -2)
+    rank = pick(0, ep - 1)
+    capacity = _ample(topk_all, experts) // [1, 4, 64][index % 3] // 256 * 256 + 256
+    _compare(topk_all, experts, capacity, rank)
+
+
+@requires_module
+def test_repeated_runs_are_bitwise_identical(seed):
+    ep, experts, rank = 16, 8, 5
+    topk_all = _routing(ep, 4096, 6, experts, _generator(seed, "repeat"))
+    capacity = 16 * 4096 * 6 // 16 // 256 * 256  # overflows: the status must repeat too
+    runs = []
+    for _ in range(5):
+        word = torch.zeros(1, dtype=torch.int32, device="cuda")
+        runs.append((*_kernel(topk_all, experts, capacity, rank, word), word))
+    for run in runs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(runs[0], run, strict=True))
+
+
+@requires_module
+def test_runs_on_the_current_stream(seed):
+    ep, tokens, topk, experts, rank = 8, 4096, 8, 16, 2
+    topk_all = _routing(ep, tokens, topk, experts, _generator(seed, "stream"))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        word = torch.zeros(1, dtype=torch.int32, device="cuda")
+        got = cuda_schedule.schedule(topk_all, experts, _ample(topk_all, experts), rank, word)
+    torch.cuda.current_stream().wait_stream(side)
+    want_word = torch.zeros(1, dtype=torch.int32, device="cuda")
+    want = reference.schedule(topk_all, experts, _ample(topk_all, experts), rank, want_word)
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+
+
+@requires_module
+def test_cuda_graph_replays_with_new_routing(seed):
+    ep, tokens, topk, experts, rank = 8, 4096, 6, 12, 1
+    gen = _generator(seed, "graph")
+    static_topk = _routing(ep, tokens, topk, experts, gen)
+    capacity = int(0.5 * ep * tokens * topk) // 256 * 256
+    word = torch.zeros(1, dtype=torch.int32, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture, as torch recommends
+        cuda_schedule.schedule(static_topk, experts, capacity, rank, word)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        word.zero_()
+        outs = cuda_schedule.schedule(static_topk, experts, capacity, rank, word)
+    for replay in range(3):
+        routing = _routing(ep, tokens, topk, experts, gen)
+        if replay == 2:  # skewed enough to overflow: the status must come from the graph too
+            routing = torch.where(routing % 2 == 0, rank * experts, routing)
+        static_topk.copy_(routing)
+        graph.replay()
+        want_word = torch.zeros(1, dtype=torch.int32, device="cuda")
+        want = reference.schedule(routing, experts, capacity, rank, want_word)
+        assert all(torch.equal(g, w) for g, w in zip(outs, want, strict=True)), replay
+        assert int(word) == int(want_word) == (status.CAPACITY_OVERFLOW if replay == 2 else 0)
+
+
+@requires_module
+def test_rejects_bad_arguments():
+    topk_all = torch.zeros((2, 8, 2), dtype=torch.int32, device="cuda")
+    word = torch.zeros(1, dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match="capacity"):
+        cuda_schedule.schedule(topk_all, 4, 300, 0, word)
+    with pytest.raises(ValueError, match="rank"):
+        cuda_schedule.schedule(topk_all, 4, 256, 2, word)
+    with pytest.raises(ValueError, match="num_local_experts"):
+        cuda_schedule.schedule(topk_all, 8193, 256, 0, word)
+    with pytest.raises(TypeError, match="topk_all"):
+        cuda_schedule.schedule(topk_all.long(), 4, 256, 0, word)
+    with pytest.raises(ValueError, match="CUDA"):
+        cuda_schedule.schedule(topk_all.cpu(), 4, 256, 0, word)
+    module = _extension.module_for_device()
+    with pytest.raises(ValueError, match="experts"):
+        module.schedule_workspace_bytes(2, 16, 0)
+
+
+def _median_us(fn, iterations: int = 50) -> float:
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iterations):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+@requires_module
+def test_timing(seed, capsys):
+    ep, tokens, topk, experts, rank = 8, 4096, 8, 16, 0
+    topk_all = _routing(ep, tokens, topk, experts, _generator(seed, "timing"))
+    capacity = int(0.5 * ep * tokens * topk) // 256 * 256
+    word = torch.zeros(1, dtype=torch.int32, device="cuda")
+    kernel_us = _median_us(lambda: cuda_schedule.schedule(topk_all, experts, capacity, rank, word))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        cuda_schedule.schedule(topk_all, experts, capacity, rank, word)
+    graph_us = _median_us(graph.replay)
+    reference_us = _median_us(
+        lambda: reference.schedule(topk_all, experts, capacity, rank, word), iterations=10
+    )
+    with capsys.disabled():
+        print(
+            f"\nschedule EP={ep} T={tokens} k={topk} E={experts} on "
+            f"{torch.cuda.get_device_name()}: {kernel_us:.1f} us per call (eager), "
+            f"{graph_us:.1f} us (CUDA graph replay), reference {reference_us:.0f} us"
+        )
