@@ -23,6 +23,7 @@ from mok._moe_ops import (  # noqa: F401
     dispatch_mlp_swiglu_combine_fwd_mxfp8,
 )
 from mok.backends import reference
+from mok.workspace import workspace_owning
 
 
 @torch.library.custom_op(
@@ -57,6 +58,13 @@ def all_gather_top_experts(
     )
     if not 0 <= rank < buffer.shape[0]:
         raise ValueError(f"`rank` must be in [0, {buffer.shape[0]}), got {rank}")
+    if backends.uses_cuda(top_experts.device):
+        from mok.backends import cuda_comm
+
+        cuda_comm.all_gather_top_experts(
+            _owner(buffer, "all_gather_top_experts_buffer"), top_experts
+        )
+        return
     reference.all_gather_top_experts(top_experts, buffer, group_name)
 
 
@@ -74,8 +82,21 @@ def barrier_all(
     group_name: str = "",
 ) -> None:
     """Barrier over the EP group; `target` is the epoch counter (int32 [1]), bumped by one."""
+    if backends.uses_cuda(barrier_buffer.device):
+        from mok.backends import cuda_comm
+
+        cuda_comm.barrier(_owner(barrier_buffer, "barrier_buffer"))
+        return
     dist.barrier(group=reference.resolve_group(group_name))
     target.add_(1)
+
+
+def _owner(buffer: torch.Tensor, name: str):
+    """The workspace owning a symmetric buffer (the CUDA kernels need its peer tables)."""
+    workspace = workspace_owning(buffer)
+    if workspace is None or getattr(workspace, name).data_ptr() != buffer.data_ptr():
+        raise ValueError(f"on CUDA, `{name}` must be the `{name}` of a mok workspace")
+    return workspace
 
 
 @barrier_all.register_fake
@@ -111,6 +132,10 @@ def schedule(
         )
     if num_local_experts < 1:
         raise ValueError(f"`num_local_experts` must be >= 1, got {num_local_experts}")
+    if backends.uses_cuda(topk_all.device):
+        from mok.backends import cuda_schedule
+
+        return cuda_schedule.schedule(topk_all, num_local_experts, schedule_capacity, rank, status)
     return reference.schedule(topk_all, num_local_experts, schedule_capacity, rank, status)
 
 
@@ -174,6 +199,10 @@ def fwd_epilogue(
     | combine_buffer | bf16  | [T * k, H]     |
     | topk_weights   | fp32  | [T, k]         |
     """
+    if backends.uses_cuda(combine_buffer.device):
+        from mok.backends import cuda_comm
+
+        return cuda_comm.fwd_epilogue(y_shared, combine_buffer, topk_weights)
     tokens, topk = topk_weights.shape
     routed = combine_buffer.float().reshape(tokens, topk, -1)
     total = torch.zeros_like(routed[:, 0]) if y_shared is None else y_shared.float()
@@ -192,6 +221,10 @@ def bwd_epilogue(
     d_x_shared: torch.Tensor | None, d_x_routed_buffer: torch.Tensor, topk: int
 ) -> torch.Tensor:
     """d_x[t] = bf16(d_x_shared[t] + sum_j d_x_routed_buffer[t * k + j]), fp32, j in order."""
+    if backends.uses_cuda(d_x_routed_buffer.device):
+        from mok.backends import cuda_comm
+
+        return cuda_comm.bwd_epilogue(d_x_shared, d_x_routed_buffer, topk)
     routed = d_x_routed_buffer.float().reshape(-1, topk, d_x_routed_buffer.shape[1])
     total = torch.zeros_like(routed[:, 0]) if d_x_shared is None else d_x_shared.float()
     for slot in range(topk):

@@ -7,6 +7,7 @@ tensors and the pointer lists hold zeros; the reference moves data with torch.di
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -31,7 +32,7 @@ _SYMMETRIC_BUFFERS = {
 }
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, weakref_slot=True)
 class MoKWorkspace:
     """Buffers shared by all MoE layers of a model on one EP group (see API.md)."""
 
@@ -202,7 +203,7 @@ def create_workspace(
         shape = shape_of(ep_size, *sizes)
         tensor, handle, ptrs = _allocate(name, shape, dtype, device, group, ep_size)
         buffers.update({name: tensor, f"{name}_handle": handle, f"{name}_ptrs": ptrs})
-    return MoKWorkspace(
+    workspace = MoKWorkspace(
         group_name=group.group_name,
         ep_rank=dist.get_rank(group),
         ep_size=ep_size,
@@ -217,6 +218,23 @@ def create_workspace(
         peer_ptr_tables=_peer_tables(buffers, group, device),
         **buffers,
     )
+    return _register(workspace) if device.type == "cuda" else workspace
+
+
+# Symmetric buffer address -> its workspace: the CUDA ops receive buffers (the original's
+# signatures) and find the peer tables and flags of the workspace that owns them.
+_OWNERS: weakref.WeakValueDictionary[int, MoKWorkspace] = weakref.WeakValueDictionary()
+
+
+def workspace_owning(tensor: torch.Tensor) -> MoKWorkspace | None:
+    """The workspace whose symmetric buffer starts where `tensor` starts, if any."""
+    return _OWNERS.get(tensor.data_ptr())
+
+
+def _register(workspace: MoKWorkspace) -> MoKWorkspace:
+    for name in _SYMMETRIC_BUFFERS:
+        _OWNERS[getattr(workspace, name).data_ptr()] = workspace
+    return workspace
 
 
 _CACHE: dict[tuple, tuple[MoKWorkspace, dist.ProcessGroup]] = {}

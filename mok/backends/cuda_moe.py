@@ -1,0 +1,101 @@
+"""The CUDA backend's engine for mok.backends.moe: NVLink kernels for dispatch and combine,
+grouped GEMMs for the experts.
+
+Communication runs on mok's own kernels (mok.backends.cuda_comm: peer loads and stores on the
+workspace's symmetric buffers, flag barriers, no multicast). The expert GEMMs run, for now, on
+`torch._grouped_mm` (CUTLASS grouped GEMM in PyTorch) over the schedule's 256-row expert
+segments, with offsets computed on the device, so a step needs no host sync; mok's own TMA +
+wgmma GEMMs are to replace it. In MXFP8 mode the operands are the dequantized MXFP8 values,
+which bf16 holds exactly, so the numerics are those of the reference's table.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mok.backends import cuda, cuda_comm
+from mok.workspace import MoKWorkspace, workspace_owning
+
+_F32 = torch.float32
+
+
+class GroupedGemms:
+    """Routed-expert GEMMs over the schedule's contiguous expert segments (fp32 outputs)."""
+
+    def __init__(self, schedule, num_experts: int):
+        peer_rank, _, num_tokens, tokens_per_expert = schedule
+        self.num_experts = num_experts
+        self.offsets = torch.cumsum(tokens_per_expert, 0, dtype=torch.int32)
+        rows = torch.arange(peer_rank.shape[0], device=peer_rank.device)
+        # Rows past the last segment are not computed by the grouped GEMM: keep them zero.
+        self.in_use = (rows < num_tokens)[:, None]
+
+    def linear(self, a: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """a [R, K] @ weight[e]^T per segment; weight [E, N, K]."""
+        b = weight.to(torch.bfloat16).transpose(-2, -1)
+        # grouped_mm accumulates in fp32 but stores in its input dtype (bf16).
+        out = torch._grouped_mm(a.to(torch.bfloat16), b, offs=self.offsets)
+        return torch.where(self.in_use, out.float(), 0.0)
+
+    def weight_grad(self, d_out: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        """sum over each segment's rows of d_out^T a -> [E, N, K] (zero for empty experts)."""
+        d_t = d_out.to(torch.bfloat16).T
+        return torch._grouped_mm(d_t, a.to(torch.bfloat16), offs=self.offsets).float()
+
+    @staticmethod
+    def quantize(t: torch.Tensor, normal: bool, transposed: bool):
+        return cuda.mxfp8_quantize(t, normal, transposed)
+
+
+class DenseGemms:
+    """The shared expert: one expert over every token row (cuBLAS, fp32 outputs)."""
+
+    num_experts = 1
+
+    @staticmethod
+    def linear(a: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return torch.mm(a.to(torch.bfloat16), weight[0].to(torch.bfloat16).T, out_dtype=_F32)
+
+    @staticmethod
+    def weight_grad(d_out: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        d_t = d_out.to(torch.bfloat16).T
+        return torch.mm(d_t, a.to(torch.bfloat16), out_dtype=_F32)[None]
+
+    quantize = GroupedGemms.quantize
+
+
+class CudaEngine:
+    """mok.backends.moe's engine on one CUDA workspace."""
+
+    def __init__(self, workspace: MoKWorkspace):
+        self.ws = workspace
+
+    @classmethod
+    def for_buffers(cls, buffers: dict[str, torch.Tensor]) -> CudaEngine:
+        """The engine of the workspace that owns these buffers (the op's arguments)."""
+        workspace = workspace_owning(buffers["x_buffer"])
+        for name, tensor in buffers.items():
+            if workspace is None or getattr(workspace, name).data_ptr() != tensor.data_ptr():
+                raise ValueError(
+                    f"the CUDA fused ops work on a workspace's symmetric buffers: `{name}` is "
+                    "not the buffer of that name of a mok workspace (call mok.functional, or "
+                    "pass workspace.<name>)"
+                )
+        return cls(workspace)
+
+    def pull(self, name: str, schedule) -> torch.Tensor:
+        return cuda_comm.pull_rows(self.ws, name, schedule)
+
+    def pull_router_weights(self, schedule) -> torch.Tensor:
+        return cuda_comm.pull_router_weights(self.ws, schedule)
+
+    def push(self, rows: torch.Tensor, schedule, name: str) -> None:
+        cuda_comm.push_rows(self.ws, rows, schedule, name)
+
+    @staticmethod
+    def routed_gemms(schedule, num_experts: int) -> GroupedGemms:
+        return GroupedGemms(schedule, num_experts)
+
+    @staticmethod
+    def shared_gemms(tokens: int) -> DenseGemms:
+        return DenseGemms()
