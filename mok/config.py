@@ -18,7 +18,7 @@ class MoKConfig:
     | bwd_num_comm_sms                   | SMs given to communication in the backward (even)    |
     | minibatch_size                     | routed rows per arrival counter (multiple of 256)    |
     | macrobatch_size                    | routed rows in the ring buffer (multiple of minibatch)|
-    | schedule_capacity_multiplier       | schedule rows = multiplier * EP * T * k, rounded up  |
+    | schedule_capacity_multiplier       | routed rows per rank: see schedule_capacity          |
     | all_gather_top_experts_chunk_bytes | chunk of the routing all-gather (multiple of 16)     |
     """
 
@@ -57,11 +57,15 @@ class MoKConfig:
                 )
 
     def schedule_capacity(self, ep_size: int, num_local_tokens: int, topk: int) -> int:
-        """Rows of the per-rank schedule: multiplier * EP * T * k, at least T * k, rounded to 256.
+        """Routed rows a rank can receive: multiplier * EP * T * k, but at least twice the mean
+        load (2 * T * k) and at most the worst case (EP * T * k), rounded up to 256.
 
-        A rank that receives more routed rows (padding included) than this records a
-        capacity-overflow error in the status word; the extra routes contribute zero.
+        Schedules add 256 rows per local expert for padding, so only real routes can overflow;
+        a rank that receives more records a capacity-overflow error in the status word and the
+        extra routes contribute zero. EP <= 2 and multiplier >= 1 can never overflow.
         """
         routes = ep_size * num_local_tokens * topk
-        rows = max(math.ceil(self.schedule_capacity_multiplier * routes), num_local_tokens * topk)
-        return -(-rows // 256) * 256
+        wanted = max(
+            math.ceil(self.schedule_capacity_multiplier * routes), 2 * num_local_tokens * topk
+        )
+        return -(-min(wanted, routes) // 256) * 256

@@ -65,11 +65,18 @@ def test_comm_sms_must_leave_compute_sms():
 
 @pytest.mark.parametrize(
     ("multiplier", "ep", "tokens", "topk", "rows"),
-    [(0.5, 2, 100, 3, 512), (1.0, 1, 1, 1, 256), (0.5, 4, 1024, 8, 16384), (0.01, 8, 64, 2, 256)],
+    [
+        (0.5, 2, 100, 3, 768),  # EP <= 2: the worst case, 2 * 100 * 3 = 600 -> 768
+        (1.0, 1, 1, 1, 256),
+        (0.5, 4, 1024, 8, 16384),  # multiplier * EP * T * k
+        (0.01, 8, 64, 2, 256),  # twice the mean load, 256
+        (0.1, 16, 1000, 4, 8192),  # twice the mean load, 8000 -> 8192
+    ],
 )
 def test_schedule_capacity(multiplier, ep, tokens, topk, rows):
     capacity = MoKConfig(schedule_capacity_multiplier=multiplier).schedule_capacity(
         ep, tokens, topk
     )
     assert capacity == rows
-    assert capacity % 256 == 0 and capacity >= tokens * topk
+    assert capacity % 256 == 0
+    assert capacity >= min(2 * tokens * topk, ep * tokens * topk)

@@ -195,7 +195,10 @@ def check_against_reference(topk_all: torch.Tensor, experts: int, capacity: int,
 def test_constants_match_the_header_and_status():
     assert CAPACITY_OVERFLOW == status.CAPACITY_OVERFLOW
     assert cuda_schedule.MAX_LOCAL_EXPERTS == COUNTERS
-    header = (Path(__file__).resolve().parents[2] / "csrc" / "schedule.h").read_text()
+    path = Path(__file__).resolve().parents[2] / "csrc" / "schedule.h"
+    if not path.is_file():
+        pytest.skip(f"{path} is not in this tree (a runfiles tree without csrc/)")
+    header = path.read_text()
     for name, value in {
         "kLanes": LANES,
         "kSteps": STEPS,
