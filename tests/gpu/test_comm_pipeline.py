@@ -59,8 +59,9 @@ def workspaces(device):
 
 @pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
 def test_forward_composed_with_minimal_barriers(shape, seed, workspaces):
-    """The backend's forward sequence: zero the combine buffer and write x, one barrier, pull,
-    compute, push without a leading barrier, one barrier, epilogue. Two barriers per step."""
+    """A forward with the fewest barriers a backend can use: zero the combine buffer and write
+    x, one barrier, pull, compute, push without a leading barrier or zero-fill, one barrier,
+    epilogue. Two barriers per step instead of the standalone ops' four."""
     ws = workspaces(shape)
     gen, rng = generator(seed, "composed", shape), host_random(seed, "composed", shape)
     problems = []

@@ -1,6 +1,7 @@
-"""Helpers of the comm kernel tests (test_comm.py, test_comm_pipeline.py): shapes, workspaces,
-the shared seed, random routing scenarios, reference schedules, poisoning, bitwise comparison,
-the epilogue oracle and timing.
+"""Helpers of the GPU comm kernel tests (tests/gpu/test_comm.py, test_comm_pipeline.py): shapes,
+workspaces, the shared seed, random routing scenarios, reference schedules, poisoning, bitwise
+comparison, the epilogue oracle and timing. It sits at the top of tests/ because that directory
+is on pytest's `pythonpath` (pyproject.toml), so it imports by name under --import-mode=importlib.
 
 Every rank is one pytest process; tests do all collective work first and compare afterwards, so
 a mismatch on one rank never leaves another rank waiting in a collective.
@@ -85,7 +86,9 @@ def host_random(seed: int, *salt: object) -> random.Random:
     return random.Random(_mix(seed, salt))
 
 
-ROUTINGS = ("uniform", "invalid_ids", "one_rank", "one_expert", "empty_experts")
+# "overflow" routes everything to rank 0 and builds schedules of only 256 rows, so routes are
+# dropped for capacity: their destination slots must read as zero after a push.
+ROUTINGS = ("uniform", "invalid_ids", "one_rank", "one_expert", "empty_experts", "overflow")
 
 
 def routing(kind: str, tokens: int, topk: int, experts: int, gen) -> torch.Tensor:
@@ -97,7 +100,7 @@ def routing(kind: str, tokens: int, topk: int, experts: int, gen) -> torch.Tenso
         pick = torch.rand(shape, generator=gen, device="cuda")
         ids = torch.where(pick < 0.1, -1, ids)
         ids = torch.where((pick >= 0.1) & (pick < 0.15), experts + 3, ids)
-    elif kind == "one_rank":  # every route to rank 0's experts: overflows capacity at EP > 1
+    elif kind in ("one_rank", "overflow"):  # every route to rank 0's experts
         local = experts // WORLD
         ids = torch.randint(0, local, shape, generator=gen, device="cuda", dtype=torch.int32)
     elif kind == "one_expert":
@@ -109,12 +112,12 @@ def routing(kind: str, tokens: int, topk: int, experts: int, gen) -> torch.Tenso
 
 def fresh_schedule(ws, kind: str, local_experts: int, gen) -> tuple[torch.Tensor, ...]:
     """This rank's reference schedule (a 4-tuple on the device) for a fresh routing of `kind`,
-    all-gathered by the reference. Capacity overflow is expected in some scenarios: its status
-    goes to a scratch word, not the workspace's."""
+    all-gathered by the reference. Capacity overflow is expected in the "overflow" scenario: its
+    status goes to a scratch word, not the workspace's."""
     mine = routing(kind, ws.num_local_tokens, ws.topk, ws.ep_size * local_experts, gen)
     topk_all = reference.all_gather(mine, ws.group_name)
     status = torch.zeros(1, dtype=torch.int32, device=topk_all.device)
-    rows = ws.schedule_rows(local_experts)
+    rows = 256 if kind == "overflow" else ws.schedule_rows(local_experts)
     sched = reference.schedule(topk_all, local_experts, rows, ws.ep_rank, status)
     return tuple(t.contiguous() for t in sched)
 
