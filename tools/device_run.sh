@@ -59,13 +59,16 @@ summary = {"gpu": (work / "gpu.txt").read_text().strip().splitlines(),
            "load": (work / "load.txt").read_text().strip().splitlines()}
 for name in ("gpu", "multi_gpu"):
     path = work / f"{name}.xml"
-    if path.exists():
+    try:
         root = ET.parse(path).getroot()
-        suite = root if root.tag == "testsuite" else root.find("testsuite")
-        counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
-        failed = [f"{case.get('classname')}::{case.get('name')}" for case in suite.iter("testcase")
-                  if case.find("failure") is not None or case.find("error") is not None]
-        summary[f"tests_{name}"] = {**counts, "failed": failed}
+    except (OSError, ET.ParseError) as error:  # e.g. a crash mid-write
+        summary[f"tests_{name}"] = {"unreadable": str(error)}
+        continue
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    failed = [f"{case.get('classname')}::{case.get('name')}" for case in suite.iter("testcase")
+              if case.find("failure") is not None or case.find("error") is not None]
+    summary[f"tests_{name}"] = {**counts, "failed": failed}
 demo = (out / "demo.txt").read_text().splitlines()
 summary["demo"] = [line for line in demo if line.startswith(("PASS", "FAIL"))]
 (out / "summary.json").write_text(json.dumps(summary, indent=2))

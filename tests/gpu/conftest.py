@@ -19,6 +19,14 @@ for _name in ("NCCL_NVLS_ENABLE", "NVSHMEM_DISABLE_NVLS"):
 os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 
 
+def pytest_configure(config):
+    """Under torchrun every rank is a pytest process: give each its own JUnit file (rank 0 keeps
+    the name asked for), or the ranks would write one file at once."""
+    rank = os.environ.get("RANK", "0")
+    if rank != "0" and getattr(config.option, "xmlpath", None):
+        config.option.xmlpath = f"{config.option.xmlpath}.rank{rank}"
+
+
 def gpu_skip_reason() -> str | None:
     """Why the CUDA backend cannot run here, or None."""
     if not torch.cuda.is_available():
