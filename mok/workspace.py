@@ -177,6 +177,13 @@ def _check_same_sizes(group, device, sizes: tuple[int, int, int]) -> None:
             )
 
 
+def _validated(config, group, device, sizes: tuple[int, int, int]):
+    tokens, hidden, topk = sizes
+    return validate_workspace_args(
+        config, group, device=device, num_local_tokens=tokens, hidden_size=hidden, topk=topk
+    )
+
+
 def create_workspace(
     config: MoKConfig,
     group: dist.ProcessGroup | None,
@@ -187,15 +194,14 @@ def create_workspace(
     topk: int,
 ) -> MoKWorkspace:
     """Create a new, uncached workspace owned by the caller. Collective over `group`."""
-    group, device = validate_workspace_args(
-        config,
-        group,
-        device=device,
-        num_local_tokens=num_local_tokens,
-        hidden_size=hidden_size,
-        topk=topk,
-    )
     sizes = (num_local_tokens, hidden_size, topk)
+    group, device = _validated(config, group, device, sizes)
+    return _create(config, group, device, sizes)
+
+
+def _create(config: MoKConfig, group, device: torch.device, sizes: tuple[int, int, int]):
+    """Allocate and register a workspace from validated arguments."""
+    num_local_tokens, hidden_size, topk = sizes
     _check_same_sizes(group, device, sizes)
     ep_size = dist.get_world_size(group)
     buffers: dict[str, object] = {}
@@ -250,33 +256,11 @@ def get_workspace(
     topk: int,
 ) -> MoKWorkspace:
     """Like create_workspace, but cached per (group, device, T, H, k, capacity multiplier)."""
-    group, device = validate_workspace_args(
-        config,
-        group,
-        device=device,
-        num_local_tokens=num_local_tokens,
-        hidden_size=hidden_size,
-        topk=topk,
-    )
-    key = (
-        group.group_name,
-        device.type,
-        device.index,
-        num_local_tokens,
-        hidden_size,
-        topk,
-        config.schedule_capacity_multiplier,
-    )
+    sizes = (num_local_tokens, hidden_size, topk)
+    group, device = _validated(config, group, device, sizes)
+    key = (group.group_name, device.type, device.index, *sizes, config.schedule_capacity_multiplier)
     if key not in _CACHE:
-        workspace = create_workspace(
-            config,
-            group,
-            device=device,
-            num_local_tokens=num_local_tokens,
-            hidden_size=hidden_size,
-            topk=topk,
-        )
-        _CACHE[key] = (workspace, group)
+        _CACHE[key] = (_create(config, group, device, sizes), group)
     return _CACHE[key][0]
 
 
