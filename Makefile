@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.lock-sha256
 
-.PHONY: env demo test test-source lint format wheel repro lock check-build-files clean
+.PHONY: env demo test test-source lint format wheel repro lock run-benchmarks clean
 
 # The environment: exactly the hashes in requirements.lock (rebuilt when the lock changes).
 env: $(STAMP)
@@ -45,6 +45,14 @@ lock: env
 	$(PY) -m uv pip compile requirements.in --python-version 3.12 \
 		--python-platform x86_64-manylinux_2_28 --generate-hashes --no-header \
 		--custom-compile-command "make lock" -o requirements.lock
+
+# The benchmark on this machine: GPUS=N ranks through torchrun (CPU: the --smoke mode).
+GPUS ?= 1
+run-benchmarks: env
+	PYTHONPATH=. $(VENV)/bin/torchrun --standalone --nproc-per-node=$(GPUS) benchmarks/run.py \
+		--out benchmarks/results/local $(if $(shell nvidia-smi -L 2>/dev/null),,--smoke)
+	PYTHONPATH=. $(PY) benchmarks/plot.py benchmarks/results/local/results.json \
+		--out benchmarks/results/local/chart.png
 
 clean:
 	rm -rf build dist $(VENV) .venv-test
