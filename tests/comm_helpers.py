@@ -1,7 +1,8 @@
 """Helpers of the GPU comm kernel tests (tests/gpu/test_comm.py, test_comm_pipeline.py): shapes,
-workspaces, the shared seed, random routing scenarios, reference schedules, poisoning, bitwise
-comparison, the epilogue oracle and timing. It sits at the top of tests/ because that directory
-is on pytest's `pythonpath` (pyproject.toml), so it imports by name under --import-mode=importlib.
+workspaces, the shared seed, random routing scenarios, reference schedules, the loop of calls,
+poisoning, bitwise comparison and the epilogue oracle (timing is in gpu_helpers.py). It sits at
+the top of tests/ because that directory is on pytest's `pythonpath` (pyproject.toml), so it
+imports by name under --import-mode=importlib.
 
 Every rank is one pytest process; tests do all collective work first and compare afterwards, so
 a mismatch on one rank never leaves another rank waiting in a collective.
@@ -12,7 +13,6 @@ from __future__ import annotations
 import os
 import random
 import secrets
-import statistics
 import zlib
 
 import torch
@@ -86,6 +86,13 @@ def host_random(seed: int, *salt: object) -> random.Random:
     return random.Random(_mix(seed, salt))
 
 
+def ws_and_draws(workspaces, seed: int, tag: str, shape: tuple, *more: object):
+    """(ws, gen, rng): a test's workspace of `shape` (from workspace_cache), and its CUDA and host
+    generators, both salted with (tag, shape, *more)."""
+    salt = (tag, shape, *more)
+    return workspaces(shape), generator(seed, *salt), host_random(seed, *salt)
+
+
 # "overflow" routes everything to rank 0 and builds schedules of only 256 rows, so routes are
 # dropped for capacity: their destination slots must read as zero after a push.
 ROUTINGS = ("uniform", "invalid_ids", "one_rank", "one_expert", "empty_experts", "overflow")
@@ -120,6 +127,17 @@ def fresh_schedule(ws, kind: str, local_experts: int, gen) -> tuple[torch.Tensor
     rows = 256 if kind == "overflow" else ws.schedule_rows(local_experts)
     sched = reference.schedule(topk_all, local_experts, rows, ws.ep_rank, status)
     return tuple(t.contiguous() for t in sched)
+
+
+def check_calls(ws, kind: str | None, local_experts: int, gen, one_call) -> None:
+    """CALLS back-to-back calls of `one_call(call, sched)`, each on a fresh reference schedule for
+    a routing of `kind` (None: ROUTINGS in turn); it returns its mismatches (None where none). All
+    calls run first, then expect_clean checks the mismatches and the device status."""
+    problems = []
+    for call in range(CALLS):
+        this_kind = ROUTINGS[call % len(ROUTINGS)] if kind is None else kind
+        problems.extend(one_call(call, fresh_schedule(ws, this_kind, local_experts, gen)))
+    expect_clean(ws, problems)
 
 
 def epilogue_oracle(shared, combine, weights) -> torch.Tensor:
@@ -167,21 +185,3 @@ def bit_mismatch(name: str, got: torch.Tensor, want: torch.Tensor) -> str | None
         f"{list(first)}: kernel {got[first].item()!r} (bits {g[first].item():#x}), "
         f"reference {want[first].item()!r} (bits {w[first].item():#x})"
     )
-
-
-def median_ms(run, before=None, iterations: int = 10) -> float:
-    """Median time of `run()` on the current stream; `before()` (e.g. a barrier that lines the
-    ranks up) runs before each timed call, outside the timed region."""
-    run()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iterations):
-        if before is not None:
-            before()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)

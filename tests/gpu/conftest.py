@@ -2,7 +2,8 @@
 
     torchrun --nproc-per-node=2 -m pytest tests/gpu -m multi_gpu
 
-A test needing a GPU skips with the reason when there is none, or no mok module for its arch.
+A test needing a GPU skips with the reason when there is none, or no mok module for its arch
+(tests/gpu_helpers.py: gpu_skip_reason, requires_gpu_module, skip_without_gpu_module).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import socket
 import pytest
 import torch
 import torch.distributed as dist
+from comm_helpers import WORLD, shared_seed, workspace_cache
+from gpu_helpers import skip_without_gpu_module
 
 for _name in ("NCCL_NVLS_ENABLE", "NVSHMEM_DISABLE_NVLS"):
     os.environ.setdefault(_name, "0" if _name == "NCCL_NVLS_ENABLE" else "1")
@@ -27,25 +30,10 @@ def pytest_configure(config):
         config.option.xmlpath = f"{config.option.xmlpath}.rank{rank}"
 
 
-def gpu_skip_reason() -> str | None:
-    """Why the CUDA backend cannot run here, or None."""
-    if not torch.cuda.is_available():
-        return "needs a CUDA GPU (none visible)"
-    from mok import _extension
-
-    try:
-        _extension.module_for_device(torch.device("cuda", 0))
-    except NotImplementedError as error:
-        return str(error)
-    return None
-
-
 @pytest.fixture(scope="session")
 def nccl_group():
     """The torchrun world as an NCCL group on this rank's GPU (a 1-rank world without torchrun)."""
-    reason = gpu_skip_reason()
-    if reason is not None:
-        pytest.skip(reason)
+    skip_without_gpu_module()
     rank = int(os.environ.get("RANK", "0"))
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -60,3 +48,30 @@ def nccl_group():
             "nccl", rank=rank, world_size=world, device_id=torch.device("cuda", local)
         )
     yield dist.group.WORLD
+
+
+# The comm tests' fixtures (test_comm.py, test_comm_pipeline.py). A module that draws its own seed
+# (test_epilogue_cuda.py, ...) defines its own `seed` fixture, which takes precedence here.
+
+
+@pytest.fixture(scope="module")
+def device(nccl_group) -> torch.device:
+    """This rank's GPU, with the NCCL world up (torchrun's, or one rank without torchrun); skips
+    with the reason when there is no GPU or no module."""
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+@pytest.fixture(scope="module")
+def seed(device, request) -> int:
+    """One seed per test module, the same on every rank; printed as e.g. "comm pipeline test seed"
+    for test_comm_pipeline.py."""
+    value = shared_seed(device)
+    label = request.module.__name__.rpartition(".")[2].removeprefix("test_").replace("_", " ")
+    print(f"\n{label} test seed: MOK_TEST_SEED={value} (EP={WORLD}, rank {dist.get_rank()})")
+    return value
+
+
+@pytest.fixture(scope="module")
+def workspaces(device):
+    """shape -> workspace of this module, created on first use."""
+    return workspace_cache(device)

@@ -27,48 +27,28 @@ from comm_helpers import (
     SHAPES,
     WORLD,
     bit_mismatch,
+    check_calls,
     expect_clean,
-    fresh_schedule,
-    generator,
     host_random,
     poison,
     random_rows,
     routing,
-    shared_seed,
     skew,
-    workspace_cache,
+    ws_and_draws,
 )
 
 from mok import _extension
 from mok import status as device_status
 from mok.backends import cuda_comm, reference
 
+# The fixtures device, seed and workspaces come from tests/gpu/conftest.py (which also skips with
+# the reason when there is no GPU or no module).
 pytestmark = [pytest.mark.gpu, *([pytest.mark.multi_gpu] if WORLD > 1 else [])]
-
-
-@pytest.fixture(scope="module")
-def device(nccl_group) -> torch.device:
-    """This rank's GPU; the NCCL world comes from tests/gpu/conftest.py (torchrun's, or one rank
-    without torchrun), which also skips with the reason when there is no GPU or no module."""
-    return torch.device("cuda", torch.cuda.current_device())
-
-
-@pytest.fixture(scope="module")
-def seed(device) -> int:
-    value = shared_seed(device)
-    print(f"\ncomm test seed: MOK_TEST_SEED={value} (EP={WORLD}, rank {dist.get_rank()})")
-    return value
-
-
-@pytest.fixture(scope="module")
-def workspaces(device):
-    return workspace_cache(device)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
 def test_all_gather_top_experts(shape, seed, workspaces):
-    ws = workspaces(shape)
-    gen, rng = generator(seed, "ag", shape), host_random(seed, "ag", shape)
+    ws, gen, rng = ws_and_draws(workspaces, seed, "ag", shape)
     problems = []
     for call in range(CALLS):
         kind = ROUTINGS[call % len(ROUTINGS)]
@@ -104,11 +84,9 @@ def test_barrier_advances_one_epoch_per_call(seed, workspaces):
 @pytest.mark.parametrize("kind", ROUTINGS)
 @pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
 def test_pull_rows_and_router_weights(shape, kind, seed, workspaces):
-    ws = workspaces(shape)
-    gen, rng = generator(seed, "pull", shape, kind), host_random(seed, "pull", shape, kind)
-    problems = []
-    for call in range(CALLS):
-        sched = fresh_schedule(ws, kind, shape[3], gen)
+    ws, gen, rng = ws_and_draws(workspaces, seed, "pull", shape, kind)
+
+    def one_call(call: int, sched: tuple[torch.Tensor, ...]) -> list[str | None]:
         name = ("x_buffer", "d_y_buffer")[call % 2]
         source = getattr(ws, name)
         source.copy_(random_rows(tuple(source.shape), torch.bfloat16, gen))
@@ -127,19 +105,20 @@ def test_pull_rows_and_router_weights(shape, kind, seed, workspaces):
         want_rw = reference.pull_router_weights(
             ws.router_weight_buffer, sched[0], sched[1], ws.group_name
         )
-        problems.append(bit_mismatch(f"pull {name} call {call}", out, want))
-        problems.append(bit_mismatch(f"pull router weights call {call}", got_rw, want_rw))
-    expect_clean(ws, problems)
+        return [
+            bit_mismatch(f"pull {name} call {call}", out, want),
+            bit_mismatch(f"pull router weights call {call}", got_rw, want_rw),
+        ]
+
+    check_calls(ws, kind, shape[3], gen, one_call)
 
 
 @pytest.mark.parametrize("kind", ROUTINGS)
 @pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
 def test_push_rows(shape, kind, seed, workspaces):
-    ws = workspaces(shape)
-    gen, rng = generator(seed, "push", shape, kind), host_random(seed, "push", shape, kind)
-    problems = []
-    for call in range(CALLS):
-        sched = fresh_schedule(ws, kind, shape[3], gen)
+    ws, gen, rng = ws_and_draws(workspaces, seed, "push", shape, kind)
+
+    def one_call(call: int, sched: tuple[torch.Tensor, ...]) -> list[str | None]:
         rows_count = sched[0].shape[0]
         name = ("combine_buffer", "d_x_routed_buffer")[call % 2]
         dest = getattr(ws, name)
@@ -156,9 +135,12 @@ def test_push_rows(shape, kind, seed, workspaces):
         want, want_rw = torch.zeros_like(dest), torch.zeros_like(ws.d_router_weight_buffer)
         reference.push_rows(rows, sched[0], sched[1], want, ws.group_name)
         reference.push_rows(rw_rows, sched[0], sched[1], want_rw.view(-1), ws.group_name)
-        problems.append(bit_mismatch(f"push into {name} call {call}", got, want))
-        problems.append(bit_mismatch(f"push router-weight grads call {call}", got_rw, want_rw))
-    expect_clean(ws, problems)
+        return [
+            bit_mismatch(f"push into {name} call {call}", got, want),
+            bit_mismatch(f"push router-weight grads call {call}", got_rw, want_rw),
+        ]
+
+    check_calls(ws, kind, shape[3], gen, one_call)
 
 
 @pytest.mark.skipif(WORLD < 2, reason="a barrier timeout needs a peer that does not arrive")

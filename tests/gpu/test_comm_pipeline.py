@@ -12,49 +12,29 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 from comm_helpers import (
-    CALLS,
-    ROUTINGS,
     SHAPE_IDS,
     SHAPES,
     WORLD,
     bit_mismatch,
+    check_calls,
     epilogue_oracle,
     expect_clean,
     fresh_schedule,
     generator,
-    host_random,
     make_workspace,
-    median_ms,
     poison,
     random_rows,
     routing,
-    shared_seed,
     skew,
-    workspace_cache,
+    ws_and_draws,
 )
+from gpu_helpers import gb_per_s
 
 from mok.backends import cuda_comm, reference
 
+# The fixtures device, seed and workspaces come from tests/gpu/conftest.py.
 pytestmark = [pytest.mark.gpu, *([pytest.mark.multi_gpu] if WORLD > 1 else [])]
-
-
-@pytest.fixture(scope="module")
-def device(nccl_group) -> torch.device:
-    return torch.device("cuda", torch.cuda.current_device())
-
-
-@pytest.fixture(scope="module")
-def seed(device) -> int:
-    value = shared_seed(device)
-    print(f"\ncomm pipeline test seed: MOK_TEST_SEED={value} (EP={WORLD}, rank {dist.get_rank()})")
-    return value
-
-
-@pytest.fixture(scope="module")
-def workspaces(device):
-    return workspace_cache(device)
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
@@ -62,12 +42,9 @@ def test_forward_composed_with_minimal_barriers(shape, seed, workspaces):
     """A forward with the fewest barriers a backend can use: zero the combine buffer and write
     x, one barrier, pull, compute, push without a leading barrier or zero-fill, one barrier,
     epilogue. Two barriers per step instead of the standalone ops' four."""
-    ws = workspaces(shape)
-    gen, rng = generator(seed, "composed", shape), host_random(seed, "composed", shape)
-    problems = []
-    for call in range(CALLS):
-        kind = ROUTINGS[call % len(ROUTINGS)]
-        sched = fresh_schedule(ws, kind, shape[3], gen)
+    ws, gen, rng = ws_and_draws(workspaces, seed, "composed", shape)
+
+    def one_call(call: int, sched: tuple[torch.Tensor, ...]) -> list[str | None]:
         x = random_rows((ws.num_local_tokens, ws.hidden_size), torch.bfloat16, gen)
         weights = random_rows((ws.num_local_tokens, ws.topk), torch.float32, gen)
         shared = random_rows(tuple(x.shape), torch.bfloat16, gen) if call % 2 else None
@@ -85,12 +62,13 @@ def test_forward_composed_with_minimal_barriers(shape, seed, workspaces):
         want_y = (want_rows.float() * -0.5).to(torch.bfloat16)
         reference.push_rows(want_y, sched[0], sched[1], want_combine, ws.group_name)
         want = epilogue_oracle(shared, want_combine, weights)
-        problems.append(bit_mismatch(f"composed pull call {call}", x_rows, want_rows))
-        problems.append(
-            bit_mismatch(f"composed combine call {call}", ws.combine_buffer, want_combine)
-        )
-        problems.append(bit_mismatch(f"composed output call {call}", out.cpu(), want))
-    expect_clean(ws, problems)
+        return [
+            bit_mismatch(f"composed pull call {call}", x_rows, want_rows),
+            bit_mismatch(f"composed combine call {call}", ws.combine_buffer, want_combine),
+            bit_mismatch(f"composed output call {call}", out.cpu(), want),
+        ]
+
+    check_calls(ws, None, shape[3], gen, one_call)  # None: every routing kind in turn
 
 
 def _graph_inputs(ws, experts: int, gen) -> dict[str, torch.Tensor]:
@@ -196,7 +174,7 @@ def test_bandwidth(device, capsys):
         cuda_comm.barrier(ws)
 
     def gbs(nbytes: int, run) -> float:
-        return nbytes / median_ms(run, line_up) / 1e6
+        return gb_per_s(nbytes, run, line_up)
 
     results = {
         "torch copy of the peer's x_buffer": gbs(local.numel() * 2, lambda: local.copy_(remote))

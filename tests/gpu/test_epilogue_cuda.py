@@ -11,31 +11,18 @@ from __future__ import annotations
 
 import os
 import secrets
-import statistics
 
 import pytest
 import torch
+from gpu_helpers import device_copy_gb_per_s, gb_per_s, requires_gpu_module
 
-from mok import _extension, ops
+from mok import ops
 from mok.backends import cuda_comm
 
 pytestmark = pytest.mark.gpu
 
 
-def _skip_reason() -> str | None:
-    if not torch.cuda.is_available():
-        return "no CUDA device"
-    if not _extension.is_supported():
-        major, minor = torch.cuda.get_device_capability()
-        return (
-            f"no mok CUDA module for compute capability {major}.{minor} in this installation "
-            f"(it carries: {', '.join(_extension.installed_archs()) or 'none'})"
-        )
-    return None
-
-
-_REASON = _skip_reason()
-requires_module = pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
+requires_module = requires_gpu_module()
 
 # (T, H, k, with a shared expert)
 CASES = [
@@ -160,24 +147,9 @@ def test_bandwidth(seed, capsys):
     shared, combine, weights = _inputs((tokens, hidden, 1, True), seed)
     combine = combine.repeat(topk, 1)
     moved = (combine.numel() + 2 * shared.numel()) * 2
-    copy_src = torch.empty(moved // 2, dtype=torch.uint8, device="cuda")
-    copy_dst = torch.empty_like(copy_src)
-
-    def median_ms(run) -> float:
-        run()
-        times = []
-        for _ in range(10):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            run()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        return statistics.median(times)
-
-    copy = 2 * copy_src.numel() / median_ms(lambda: copy_dst.copy_(copy_src)) / 1e6
+    copy = device_copy_gb_per_s(moved // 2)
     weights = weights.repeat(1, topk)
-    fwd = moved / median_ms(lambda: cuda_comm.fwd_epilogue(shared, combine, weights)) / 1e6
+    fwd = gb_per_s(moved, lambda: cuda_comm.fwd_epilogue(shared, combine, weights))
     with capsys.disabled():
         print(f"\nfwd epilogue T={tokens} H={hidden} k={topk} on {torch.cuda.get_device_name()}:")
         print(f"  device copy (read + write): {copy:7.0f} GB/s")

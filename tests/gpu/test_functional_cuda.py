@@ -102,10 +102,14 @@ def _weights(routed, mode):
     return fwd, [tuple(forms[0]), tuple(forms[1]), tuple(forms[2][2:])]
 
 
-def step(ws, config, data, mode, limit=8.0):
+def step(ws, config, data, mode, limit=8.0, *, capturable=False):
+    """Schedule, forward and backward; returns ([out, *grads], schedule). The buffers are poisoned
+    first and the device status checked last, unless `capturable` (for a CUDA-graph capture:
+    check_status's host sync cannot be captured)."""
     fwd_w, bwd_w = _weights(data["routed"], mode)
-    for buffer in (ws.combine_buffer, ws.d_x_routed_buffer):
-        buffer.fill_(float("nan"))
+    if not capturable:
+        for buffer in (ws.combine_buffer, ws.d_x_routed_buffer):
+            buffer.fill_(float("nan"))
     local = data["routed"][0].shape[0]
     schedule = F.build_schedule(ws, config, data["top"], num_local_experts=local)
     out, ctx = F.forward(
@@ -123,7 +127,8 @@ def step(ws, config, data, mode, limit=8.0):
         *bwd_w,
         swiglu_limit=limit,
     )
-    F.check_status(ws)
+    if not capturable:
+        F.check_status(ws)
     return [out, *grads], schedule
 
 
@@ -195,7 +200,7 @@ def test_cuda_graph_step_replays_with_new_inputs(nccl_group):
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        captured = _step_no_check(ws, config, static)
+        captured, _ = step(ws, config, static, "bf16", capturable=True)
     fresh = _make(CASES["qwen3-235b-like"], seed + 1000)
     for key in ("top", "x", "rw", "grad"):
         static[key].copy_(fresh[key])
@@ -206,32 +211,3 @@ def test_cuda_graph_step_replays_with_new_inputs(nccl_group):
     )
     for name, a, b in zip(("out", *GRAD_NAMES), captured, eager, strict=True):
         assert torch.equal(a, b), f"{name}: graph replay differs from eager"
-
-
-def _step_no_check(ws, config, data):
-    """A whole step without check_status (its host sync cannot be captured)."""
-    local = data["routed"][0].shape[0]
-    schedule = F.build_schedule(ws, config, data["top"], num_local_experts=local)
-    out, ctx = F.forward(
-        config,
-        ws,
-        schedule,
-        data["x"],
-        data["rw"],
-        *data["shared"],
-        *data["routed"],
-        swiglu_limit=8.0,
-    )
-    grads = F.backward(
-        config,
-        ws,
-        schedule,
-        ctx,
-        data["grad"],
-        data["x"],
-        data["rw"],
-        *data["shared"],
-        *data["routed"],
-        swiglu_limit=8.0,
-    )
-    return [out, *grads]

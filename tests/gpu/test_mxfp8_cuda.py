@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import os
 import secrets
-import statistics
 
 import pytest
 import torch
+from gpu_helpers import device_copy_gb_per_s, median_ms, requires_gpu_module
 
 from mok import _extension, mxfp8
 from mok.backends import cuda as cuda_backend
@@ -22,20 +22,7 @@ pytestmark = pytest.mark.gpu
 POISON = 0x5A  # neither a plausible scale byte pattern for these inputs nor 0
 
 
-def _skip_reason() -> str | None:
-    if not torch.cuda.is_available():
-        return "no CUDA device"
-    major, minor = torch.cuda.get_device_capability()
-    if not _extension.is_supported():
-        return (
-            f"no mok CUDA module for compute capability {major}.{minor} in this installation "
-            f"(it carries: {', '.join(_extension.installed_archs()) or 'none'})"
-        )
-    return None
-
-
-_REASON = _skip_reason()
-requires_module = pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
+requires_module = requires_gpu_module()
 
 
 @pytest.fixture(scope="module")
@@ -158,35 +145,21 @@ def test_kernel_rejects_bad_arguments():
         module.mxfp8_quantize(x.data_ptr(), 0, 0, 0, 0, 1, 128, 128, stream)
 
 
-def _median_ms(fn, iterations: int = 20) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iterations):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
 @requires_module
 @pytest.mark.parametrize("shape", [(8192, 7168), (8, 3072, 7168)], ids=["2d", "3d"])
 def test_bandwidth(shape, capsys):
     x = torch.randn(shape, device="cuda").to(torch.bfloat16)
     elements = x.numel()
-    copy_src = torch.empty(elements * 2, dtype=torch.uint8, device="cuda")
-    copy_dst = torch.empty_like(copy_src)
-    copy_gbs = 2 * copy_src.numel() / _median_ms(lambda: copy_dst.copy_(copy_src)) / 1e6
+    copy_gbs = device_copy_gb_per_s(elements * 2, iterations=20)
     with capsys.disabled():
         print(f"\nmxfp8 quantize {list(shape)} on {torch.cuda.get_device_name()}:")
         print(f"  device copy (read + write): {copy_gbs:8.0f} GB/s")
         for normal, transposed in LAYOUTS:
             layouts = int(normal) + int(transposed)
             moved = elements * 2 + layouts * (elements + elements // 32)
-            ms = _median_ms(lambda n=normal, t=transposed: cuda_backend.mxfp8_quantize(x, n, t))
+            ms = median_ms(
+                lambda n=normal, t=transposed: cuda_backend.mxfp8_quantize(x, n, t), iterations=20
+            )
             name = "both" if layouts == 2 else ("normal" if normal else "transposed")
             print(
                 f"  {name:>10}: {ms * 1e3:8.1f} us  {moved / ms / 1e6:8.0f} GB/s "

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import os
 import secrets
-import statistics
 import zlib
 
 import pytest
 import torch
+from gpu_helpers import gpu_skip_reason, median_ms, requires_gpu_module
 
 from mok import _extension, status
 from mok.backends import cuda_schedule, reference
@@ -26,25 +26,12 @@ pytestmark = pytest.mark.gpu
 POISON = 0x5A5A5A5A  # neither -1 nor a plausible rank, token index or row count
 
 
-def _skip_reason() -> str | None:
-    if not torch.cuda.is_available():
-        return "no CUDA device"
-    major, minor = torch.cuda.get_device_capability()
-    if not _extension.is_supported():
-        return (
-            f"no mok CUDA module for compute capability {major}.{minor} in this installation "
-            f"(it carries: {', '.join(_extension.installed_archs()) or 'none'})"
-        )
-    return None
-
-
-_REASON = _skip_reason()
-requires_module = pytest.mark.skipif(_REASON is not None, reason=_REASON or "")
+requires_module = requires_gpu_module()
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _device():
-    if _REASON is None:  # torchrun gives each process its GPU through LOCAL_RANK
+    if gpu_skip_reason() is None:  # torchrun gives each process its GPU through LOCAL_RANK
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
 
 
@@ -293,17 +280,7 @@ def test_rejects_bad_arguments():
 
 
 def _median_us(fn, iterations: int = 50) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iterations):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
+    return median_ms(fn, iterations=iterations) * 1e3
 
 
 @requires_module

@@ -1,0 +1,69 @@
+"""Helpers of every GPU test module (tests/gpu/): the one reason a test that needs the GPU skips,
+and kernel timing. It sits at the top of tests/ because that directory is on pytest's `pythonpath`
+(pyproject.toml), so it imports by name under --import-mode=importlib (a conftest.py does not).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+import torch
+
+
+def gpu_skip_reason() -> str | None:
+    """Why the CUDA backend cannot run here (no GPU, or no mok module for its arch), or None."""
+    if not torch.cuda.is_available():
+        return "needs a CUDA GPU (none visible)"
+    from mok import _extension
+
+    try:
+        _extension.module_for_device(torch.device("cuda", 0))
+    except NotImplementedError as error:
+        return str(error)
+    return None
+
+
+def requires_gpu_module() -> pytest.MarkDecorator:
+    """A skipif mark that skips with gpu_skip_reason() (decided once, when the module loads)."""
+    reason = gpu_skip_reason()
+    return pytest.mark.skipif(reason is not None, reason=reason or "")
+
+
+def skip_without_gpu_module() -> None:
+    """pytest.skip with gpu_skip_reason(), for fixtures; returns when the GPU can run mok."""
+    reason = gpu_skip_reason()
+    if reason is not None:
+        pytest.skip(reason)
+
+
+def median_ms(run, before=None, iterations: int = 10) -> float:
+    """Median time of `run()` on the current stream, after one untimed warm-up call; `before()`
+    (e.g. a barrier that lines the ranks up) runs before each timed call, outside the timed
+    region."""
+    run()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iterations):
+        if before is not None:
+            before()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def gb_per_s(nbytes: int, run, before=None, iterations: int = 10) -> float:
+    """GB/s of `run()` moving `nbytes`, from median_ms."""
+    return nbytes / median_ms(run, before, iterations) / 1e6
+
+
+def device_copy_gb_per_s(nbytes: int, iterations: int = 10) -> float:
+    """GB/s (read + write) of a torch copy of `nbytes` bytes on the device: the yardstick that the
+    bandwidth tests print next to their kernels."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    return gb_per_s(2 * nbytes, lambda: dst.copy_(src), iterations=iterations)
