@@ -158,15 +158,26 @@ def _all_to_next_rank(ws) -> tuple[torch.Tensor, ...]:
     return torch.full_like(index, peer), index, count, count
 
 
+def _each_token_once(ws) -> tuple[torch.Tensor, ...]:
+    """A pull schedule that reads every token row of the next rank's x_buffer exactly once (a
+    row read k times would be served from L2 and overstate the link's bandwidth)."""
+    peer = (ws.ep_rank + 1) % ws.ep_size
+    tokens = torch.arange(ws.num_local_tokens, dtype=torch.int32, device=ws.device) * ws.topk
+    count = torch.tensor([tokens.numel()], dtype=torch.int32, device=ws.device)
+    return torch.full_like(tokens, peer), tokens, count, count
+
+
 def test_bandwidth(device, capsys):
-    """GB/s of pull and push of [T*k, 7168] bf16 rows that all cross to the next rank (at EP=1:
-    local copies), per CTA count, next to a torch copy of the peer's x_buffer in the same run.
-    Each timed call starts right after a barrier, so the ranks copy at the same time."""
+    """GB/s of pulling every token row of the next rank's x_buffer once ([T, 7168] bf16) and of
+    pushing [T*k, 7168] bf16 rows into its combine_buffer (at EP=1: local copies), per CTA count,
+    next to a torch copy of the peer's x_buffer in the same run. Each timed call starts right
+    after a barrier, so the ranks copy at the same time."""
     ws = make_workspace(device, 4096, 7168, 6)
     sched = _all_to_next_rank(ws)
+    pull_sched = _each_token_once(ws)
     peer = int(sched[0][0].item())
     data = torch.randn((sched[1].numel(), ws.hidden_size), device=device).to(torch.bfloat16)
-    out = torch.empty_like(data)
+    out = torch.empty_like(ws.x_buffer)
     remote = ws.x_buffer_handle.get_remote_tensor(peer, tuple(ws.x_buffer.shape), torch.bfloat16)
     local = torch.empty_like(ws.x_buffer)
 
@@ -184,19 +195,20 @@ def test_bandwidth(device, capsys):
         quiet = {"num_ctas": ctas, "sync_before": False, "sync_after": False}
 
         def pull(quiet=quiet) -> None:
-            cuda_comm.pull_rows(ws, "x_buffer", sched, out, **quiet)
+            cuda_comm.pull_rows(ws, "x_buffer", pull_sched, out, **quiet)
 
         def push(quiet=quiet) -> None:
             cuda_comm.push_rows(ws, data, sched, "combine_buffer", zero_fill=False, **quiet)
 
-        results[f"pull, {ctas:3d} CTAs x 512 threads"] = gbs(data.numel() * 2, pull)
+        results[f"pull, {ctas:3d} CTAs x 512 threads"] = gbs(out.numel() * 2, pull)
         results[f"push, {ctas:3d} CTAs x 512 threads"] = gbs(data.numel() * 2, push)
     cuda_comm.barrier(ws)
     torch.cuda.synchronize()
     with capsys.disabled():
         where = f"rank {ws.ep_rank} -> rank {peer}" if ws.ep_size > 1 else "local (EP=1)"
         print(
-            f"\ncomm bandwidth, {list(data.shape)} bf16, {where}, {torch.cuda.get_device_name()}:"
+            f"\ncomm bandwidth, pull {list(out.shape)} / push {list(data.shape)} bf16, {where}, "
+            f"{torch.cuda.get_device_name()}:"
         )
         for name, value in results.items():
             print(f"  {name:>36}: {value:7.0f} GB/s")
