@@ -36,7 +36,9 @@ GRAD_NAMES = ("d_x", "d_router_weights", "d_gate", "d_up", "d_down", "d_sgate", 
 # H. Their magnitude (and bf16's spacing) grows with that length, so their max bound is relative
 # to the largest reference value.
 REDUCTIONS = {"d_router_weights", "d_gate", "d_up", "d_down", "d_sgate", "d_sup", "d_sdown"}
-REDUCTION_TOLERANCE = {"bf16": (0.02, 0.01), "mxfp8": (0.1, 0.1)}
+# MXFP8: the two backends' bf16 inputs to a quantizer can differ by one bf16 step (the interim
+# engine rounds d_h to bf16), which can move an element to the next e4m3 value: 1/8 relative.
+REDUCTION_TOLERANCE = {"bf16": (0.02, 0.01), "mxfp8": (0.15, 0.1)}
 MIN_AVERAGED = 64  # elements below which a relative sum is one sample, not an average
 
 
