@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from mok import _validate
-from mok._moe_ops import OptTensor, Tensor, _common, _shared, present
+from mok._moe_ops import OptTensor, Tensor, _common, _shared, check_weights, present
 from mok.backends import moe, select_engine
 
 _MUTATED = ("d_x_routed_buffer", "d_router_weight_buffer")
@@ -75,7 +74,9 @@ def dispatch_mlp_swiglu_combine_bwd_bf16(
     schedule = (schedule_peer_rank, schedule_peer_token_idx, num_tokens, tokens_per_expert)
     _common(x, schedule, topk, swiglu_limit)
     routed = (w_routed_gate, w_routed_up, w_routed_down)
-    _validate.check_routed_bf16(routed, x.shape[1], x.device)
+    check_weights(
+        x, routed, (w_shared_gate, w_shared_up, w_shared_down), mxfp8=False, backward=True
+    )
     return _backward(
         (d_y_buffer, router_weight_buffer),
         (d_x_routed_buffer, d_router_weight_buffer),
@@ -147,7 +148,7 @@ def dispatch_mlp_swiglu_combine_bwd_mxfp8(
         (w_routed_up, w_routed_up_sc, w_routed_up_T, w_routed_up_T_sc),
         (w_routed_down_T, w_routed_down_T_sc),
     )
-    _validate.check_routed_mxfp8(routed, x.shape[1], x.device, backward=True)
+    check_weights(x, routed, (w_shared_gate, w_shared_up, w_shared_down), mxfp8=True, backward=True)
     saved = (
         (x_fp8_t_routed, x_sc_t_routed),
         (gate_fp8_routed, gate_sc_routed),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from mok import _validate
+from mok._checks import check_tensor
 from mok.backends import moe, select_engine
 
 Tensor = torch.Tensor
@@ -18,11 +19,23 @@ OptTensor = torch.Tensor | None
 
 
 def _common(x, schedule, topk, swiglu_limit):
+    check_tensor("x", x, dtype=torch.bfloat16, shape=(None, None), dims=("T", "H"))
     _validate.check_limit(swiglu_limit)
     capacity, _ = _validate.check_schedule(*schedule, x.device)
     if not 1 <= topk <= 255:
         raise ValueError(f"`topk` must be in [1, 255], got {topk}")
     return capacity
+
+
+def check_weights(x, routed, shared, *, mxfp8: bool, backward: bool) -> None:
+    """Routed weights in their mode's form, and the shared expert's (all None, or bf16 with the
+    routed I)."""
+    hidden = x.shape[1]
+    if mxfp8:
+        _, inter = _validate.check_routed_mxfp8(routed, hidden, x.device, backward=backward)
+    else:
+        _, inter = _validate.check_routed_bf16(routed, hidden, x.device)
+    _validate.check_shared(shared, hidden, inter, x.device)
 
 
 @torch.library.custom_op(
@@ -55,7 +68,9 @@ def dispatch_mlp_swiglu_combine_fwd_bf16(
     schedule = (schedule_peer_rank, schedule_peer_token_idx, num_tokens, tokens_per_expert)
     _common(x, schedule, topk, swiglu_limit)
     routed = (w_routed_gate, w_routed_up, w_routed_down)
-    _validate.check_routed_bf16(routed, x.shape[1], x.device)
+    check_weights(
+        x, routed, (w_shared_gate, w_shared_up, w_shared_down), mxfp8=False, backward=False
+    )
     shared = _shared(w_shared_gate, w_shared_up, w_shared_down)
     engine = select_engine(
         x.device, {"x_buffer": x, "combine_buffer": combine_buffer}, topk, group_name
@@ -151,7 +166,9 @@ def dispatch_mlp_swiglu_combine_fwd_mxfp8(
         (w_routed_up, w_routed_up_sc),
         (w_routed_down, w_routed_down_sc),
     )
-    _validate.check_routed_mxfp8(routed, x.shape[1], x.device, backward=False)
+    check_weights(
+        x, routed, (w_shared_gate, w_shared_up, w_shared_down), mxfp8=True, backward=False
+    )
     shared = _shared(w_shared_gate, w_shared_up, w_shared_down)
     engine = select_engine(
         x.device, {"x_buffer": x, "combine_buffer": combine_buffer}, topk, group_name

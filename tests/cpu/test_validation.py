@@ -185,3 +185,22 @@ def test_mxfp8_quantize_errors(args, error, fragment):
 def test_check_status_argument():
     with pytest.raises(TypeError, match="`workspace` must be a MoKWorkspace"):
         F.check_status(None)
+
+
+def test_fused_op_checks_its_own_arguments(setup):
+    """The ops validate too (users call them directly): a bad shared weight, before any work."""
+    config, ws, schedule, args = setup
+    bad_down = args["shared_down_weights"][:64]
+    with pytest.raises(ValueError, match="`shared_down_weights` must be bf16 \\[H, I\\]"):
+        ops.dispatch_mlp_swiglu_combine_fwd_bf16(
+            ws.x_buffer, ws.x_buffer_ptrs, ws.combine_buffer, ws.combine_buffer_ptrs,
+            args["shared_gate_weights"], args["routed_gate_weights"], args["shared_up_weights"],
+            args["routed_up_weights"], bad_down, args["routed_down_weights"],
+            *schedule.as_tuple(), ws.topk, None, 8, 512, 256,
+        )  # fmt: skip
+    with pytest.raises(TypeError, match="`x` must be bf16"):
+        ops.dispatch_mlp_swiglu_combine_fwd_bf16(
+            ws.x_buffer.float(), ws.x_buffer_ptrs, ws.combine_buffer, ws.combine_buffer_ptrs,
+            None, args["routed_gate_weights"], None, args["routed_up_weights"], None,
+            args["routed_down_weights"], *schedule.as_tuple(), ws.topk, None, 8, 512, 256,
+        )  # fmt: skip
