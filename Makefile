@@ -1,5 +1,5 @@
 # Everyday tasks. Every target sets up what it needs from the hash-locked requirements.lock.
-PYTHON ?= python3.12
+PYTHON ?= $(shell tools/python312.sh)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.lock-sha256
