@@ -55,39 +55,24 @@ def _shapes(num_experts, inter, hidden):
     }
 
 
-def check_shared(shared, hidden: int, inter: int | None, device) -> int | None:
-    """shared = (gate, up, down) bf16 or all None. Returns I (or the given I when absent)."""
+def check_shared(shared, hidden: int, inter: int, device) -> None:
+    """shared = (gate, up, down): bf16 gate/up [I, H] and down [H, I] with the routed experts' I,
+    or all None (no shared expert)."""
     if all(w is None for w in shared):
-        return inter
+        return
     if any(w is None for w in shared):
         raise ValueError("shared expert weights must be all None or all tensors")
-    gate = check_tensor(
-        "shared_gate_weights",
-        shared[0],
-        dtype=BF16,
-        shape=(None, hidden),
-        dims=("I", "H"),
-        device=device,
-    )
-    inter = gate.shape[0] if inter is None else inter
-    check_tensor("shared_gate_weights", gate, dtype=BF16, shape=(inter, hidden), dims=("I", "H"))
-    check_tensor(
-        "shared_up_weights",
-        shared[1],
-        dtype=BF16,
-        shape=(inter, hidden),
-        dims=("I", "H"),
-        device=device,
-    )
-    check_tensor(
-        "shared_down_weights",
-        shared[2],
-        dtype=BF16,
-        shape=(hidden, inter),
-        dims=("H", "I"),
-        device=device,
-    )
-    return inter
+    for (name, (shape, dims)), weight in zip(
+        _shapes(1, inter, hidden).items(), shared, strict=True
+    ):
+        check_tensor(
+            f"shared_{name}_weights",
+            weight,
+            dtype=BF16,
+            shape=shape[1:],
+            dims=dims[1:],
+            device=device,
+        )
 
 
 def check_routed_bf16(routed, hidden: int, device) -> tuple[int, int]:
