@@ -84,3 +84,9 @@ def check_range(name: str, value: int, low: int, high: int) -> int:
     if not low <= value <= high:
         raise ValueError(f"`{name}` must be in [{low}, {high}], got {value}")
     return value
+
+
+def check_type(name: str, value: object, expected: type) -> None:
+    """TypeError naming the argument unless `value` is an `expected` (e.g. a MoKConfig)."""
+    if not isinstance(value, expected):
+        raise TypeError(f"`{name}` must be a {expected.__name__}, got {describe(value)}")

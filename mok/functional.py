@@ -8,7 +8,7 @@ import torch
 
 from mok import _validate, ops
 from mok import status as device_status
-from mok._checks import check_tensor, describe
+from mok._checks import check_tensor, check_type
 from mok.config import MoKConfig
 from mok.schedule import MoKSchedule, build_schedule
 from mok.workspace import (
@@ -75,12 +75,9 @@ def validate_inputs(
     backward: bool = False,
 ) -> bool:
     """Check every argument of forward (or backward); returns True in MXFP8 mode."""
-    if not isinstance(config, MoKConfig):
-        raise TypeError(f"`config` must be a MoKConfig, got {describe(config)}")
-    if not isinstance(workspace, MoKWorkspace):
-        raise TypeError(f"`workspace` must be a MoKWorkspace, got {describe(workspace)}")
-    if not isinstance(schedule, MoKSchedule):
-        raise TypeError(f"`schedule` must be a MoKSchedule, got {describe(schedule)}")
+    check_type("config", config, MoKConfig)
+    check_type("workspace", workspace, MoKWorkspace)
+    check_type("schedule", schedule, MoKSchedule)
     ws = workspace
     tokens, hidden, device = ws.num_local_tokens, ws.hidden_size, ws.device
     check_tensor(
@@ -225,10 +222,7 @@ def backward(
     routed = (routed_gate_weights, routed_up_weights, routed_down_weights)
     args = (config, workspace, schedule, x, router_weights, *shared, *routed, swiglu_limit)
     mxfp8 = validate_inputs(*args, backward=True)
-    if not isinstance(forward_context, MoKForwardContext):
-        raise TypeError(
-            f"`forward_context` must be a MoKForwardContext, got {describe(forward_context)}"
-        )
+    check_type("forward_context", forward_context, MoKForwardContext)
     ws = workspace
     check_tensor(
         "grad_output",
@@ -296,6 +290,5 @@ def check_status(workspace: MoKWorkspace) -> None:
 
     One host sync; call it where a sync is acceptable (e.g. once per step or in tests).
     """
-    if not isinstance(workspace, MoKWorkspace):
-        raise TypeError(f"`workspace` must be a MoKWorkspace, got {describe(workspace)}")
+    check_type("workspace", workspace, MoKWorkspace)
     device_status.check(workspace.status)

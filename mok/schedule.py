@@ -8,7 +8,7 @@ import torch
 
 from mok import ops
 from mok import status as device_status
-from mok._checks import check_range, check_tensor, describe
+from mok._checks import check_range, check_tensor, check_type
 from mok.config import MoKConfig
 from mok.workspace import MoKWorkspace
 
@@ -47,10 +47,8 @@ def build_schedule(
     e // num_local_experts. An id outside [0, EP * E) is recorded in the status word
     (see `check_status`) and the route contributes exactly zero.
     """
-    if not isinstance(workspace, MoKWorkspace):
-        raise TypeError(f"`workspace` must be a MoKWorkspace, got {describe(workspace)}")
-    if not isinstance(config, MoKConfig):
-        raise TypeError(f"`config` must be a MoKConfig, got {describe(config)}")
+    check_type("workspace", workspace, MoKWorkspace)
+    check_type("config", config, MoKConfig)
     ws = workspace
     check_tensor(
         "top_experts",

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from mok._checks import check_multiple, check_range, describe
+from mok._checks import check_multiple, check_range, check_type, describe
 from mok.config import MoKConfig
 
 MAX_EP_SIZE = 72
@@ -105,8 +105,7 @@ def validate_workspace_args(
     topk: int,
 ) -> tuple[dist.ProcessGroup, torch.device]:
     """Check the arguments of create_workspace/get_workspace; return the group and device."""
-    if not isinstance(config, MoKConfig):
-        raise TypeError(f"`config` must be a MoKConfig, got {describe(config)}")
+    check_type("config", config, MoKConfig)
     _require_initialized()
     group = dist.group.WORLD if group is None else group
     if not isinstance(group, dist.ProcessGroup):
