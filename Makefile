@@ -14,9 +14,12 @@ $(STAMP): requirements.lock
 		-r requirements.lock
 	sha256sum requirements.lock > $(STAMP)
 
-# The main job: an EP=2 forward + backward, checked against a float64 dense formulation.
-demo: env
-	PYTHONPATH=. $(PY) tools/demo.py
+# The main job: an EP=2 forward + backward, checked against a float64 dense formulation, through
+# the built wheel (installed into .venv) so that a GPU gets its compiled kernels.
+demo: wheel
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-index \
+		--force-reinstall dist/mok-*.whl
+	$(PY) -P tools/demo.py
 
 # Build the wheel, install it into a fresh environment and run the whole suite against it.
 test: wheel
