@@ -125,3 +125,25 @@ def is_sm103a_supported(device: torch.device | int | str | None = None) -> bool:
 def is_supported(device: torch.device | int | str | None = None) -> bool:
     """Some installed module has kernels for this device."""
     return any(_device_has(arch, device) for arch in MODULE_NAMES)
+
+
+# The kernels move data in 16-byte vectors where the sizes allow.
+ALIGNMENT = 16
+
+
+def aligned(x: torch.Tensor) -> torch.Tensor:
+    """`x` contiguous and 16-byte aligned (a contiguous view can start mid-allocation: copy it)."""
+    x = x.contiguous()
+    return x if x.data_ptr() % ALIGNMENT == 0 else x.clone()
+
+
+def launch(device: torch.device, kernel: str, **arguments):
+    """Call `kernel` of the module serving `device` on that device's current stream.
+
+    The extension takes raw addresses and a cudaStream_t as integers (no torch headers), so the
+    device guard and the stream are supplied here, once for every wrapper.
+    """
+    module = module_for_device(device)
+    with torch.cuda.device(device):
+        stream = torch.cuda.current_stream(device).cuda_stream
+        return getattr(module, kernel)(stream=stream, **arguments)

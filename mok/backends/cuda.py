@@ -12,8 +12,6 @@ import torch
 from mok import _extension
 from mok import mxfp8 as mxfp8_format
 
-_ALIGNMENT = 16  # bytes; the kernels move data in 16-byte vectors
-
 
 def available(device: torch.device | int | str | None = None) -> bool:
     """True when `device` is a CUDA device this installation has a compiled module for."""
@@ -21,12 +19,6 @@ def available(device: torch.device | int | str | None = None) -> bool:
         return _extension.is_supported(device)
     except (RuntimeError, ValueError, AssertionError):
         return False  # no driver, bad index, ...: the reference backend serves instead
-
-
-def _aligned(x: torch.Tensor) -> torch.Tensor:
-    x = x.contiguous()
-    # A contiguous view can still start mid-allocation; a fresh copy is aligned.
-    return x if x.data_ptr() % _ALIGNMENT == 0 else x.clone()
 
 
 def mxfp8_quantize(
@@ -49,8 +41,8 @@ def mxfp8_quantize(
     mxfp8_format._check_matrix("x", x, torch.bfloat16)
     if not x.is_cuda:
         raise ValueError(f"`x` must be on a CUDA device, got {x.device}")
-    module = _extension.module_for_device(x.device)
-    x = _aligned(x)
+    _extension.module_for_device(x.device)  # NotImplementedError before any allocation
+    x = _extension.aligned(x)
     *batch, rows, cols = x.shape
     experts = batch[0] if batch else 1
 
@@ -65,18 +57,18 @@ def mxfp8_quantize(
     x_fp8_t, x_sc_t = layout(cols, rows) if return_transposed else (None, None)
     if experts == 0:
         return x_fp8, x_sc, x_fp8_t, x_sc_t  # nothing to launch (and no valid address to pass)
-    with torch.cuda.device(x.device):
-        module.mxfp8_quantize(
-            x=x.data_ptr(),
-            out=_address(x_fp8),
-            scale=_address(x_sc),
-            out_t=_address(x_fp8_t),
-            scale_t=_address(x_sc_t),
-            experts=experts,
-            rows=rows,
-            cols=cols,
-            stream=torch.cuda.current_stream(x.device).cuda_stream,
-        )
+    _extension.launch(
+        x.device,
+        "mxfp8_quantize",
+        x=x.data_ptr(),
+        out=_address(x_fp8),
+        scale=_address(x_sc),
+        out_t=_address(x_fp8_t),
+        scale_t=_address(x_sc_t),
+        experts=experts,
+        rows=rows,
+        cols=cols,
+    )
     return x_fp8, x_sc, x_fp8_t, x_sc_t
 
 

@@ -38,7 +38,6 @@ import torch
 from mok import _extension
 from mok.workspace import MoKWorkspace
 
-_ALIGNMENT = 16  # bytes: the kernels move 16-byte vectors where the sizes allow
 _DEFAULT_TIMEOUT_S = 5.0
 _PULL_SOURCES = ("x_buffer", "d_y_buffer")  # [T, H] buffers whose rows are tokens
 _PUSH_DESTINATIONS = ("combine_buffer", "d_x_routed_buffer", "d_router_weight_buffer")
@@ -59,10 +58,7 @@ def _run(ws: MoKWorkspace, kernel: str, **arguments) -> None:
         raise ValueError(
             f"the CUDA comm kernels need a workspace created on a CUDA device, got {ws.device}"
         )
-    module = _extension.module_for_device(ws.device)
-    with torch.cuda.device(ws.device):
-        arguments["stream"] = torch.cuda.current_stream(ws.device).cuda_stream
-        getattr(module, kernel)(**arguments)
+    _extension.launch(ws.device, kernel, **arguments)
 
 
 def _default_ctas(device: torch.device) -> int:
@@ -78,12 +74,6 @@ def _check(name: str, tensor: torch.Tensor, dtype: torch.dtype, device: torch.de
         raise TypeError(f"`{name}` must be {dtype}, got {tensor.dtype}")
     if tensor.device != device:
         raise ValueError(f"`{name}` must be on {device}, got {tensor.device}")
-
-
-def _aligned(x: torch.Tensor) -> torch.Tensor:
-    x = x.contiguous()
-    # A contiguous view can still start mid-allocation; a fresh copy is aligned.
-    return x if x.data_ptr() % _ALIGNMENT == 0 else x.clone()
 
 
 def _schedule_rows(ws: MoKWorkspace, schedule) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -147,7 +137,7 @@ def all_gather_top_experts(
         raise ValueError(
             f"`top_experts` must be int32 {list(shape)}, got {list(top_experts.shape)}"
         )
-    src = _aligned(top_experts)
+    src = _extension.aligned(top_experts)
     if sync_before:
         barrier(ws)
     _run(
@@ -279,7 +269,7 @@ def push_rows(
             f"C = {peer_rank.shape[0]} schedule rows for `{dest_buffer_name}`, "
             f"got {list(rows.shape)}"
         )
-    rows = _aligned(rows)
+    rows = _extension.aligned(rows)
     if zero_fill:
         dest.zero_()
     if sync_before:
@@ -325,22 +315,21 @@ def _epilogue(shared, routed, weights, topk: int) -> torch.Tensor:
     out = torch.empty((tokens, hidden), dtype=torch.bfloat16, device=routed.device)
     if out.numel() == 0:
         return out
-    module = _extension.module_for_device(routed.device)
     # Hold the (possibly copied) inputs until the launch is enqueued.
-    shared = None if shared is None else _aligned(shared)
+    shared = None if shared is None else _extension.aligned(shared)
     weights = None if weights is None else weights.contiguous()
-    routed = _aligned(routed)
-    with torch.cuda.device(routed.device):
-        module.comm_epilogue(
-            shared=0 if shared is None else shared.data_ptr(),
-            routed=routed.data_ptr(),
-            weights=0 if weights is None else weights.data_ptr(),
-            out=out.data_ptr(),
-            tokens=tokens,
-            hidden=hidden,
-            topk=topk,
-            stream=torch.cuda.current_stream(routed.device).cuda_stream,
-        )
+    routed = _extension.aligned(routed)
+    _extension.launch(
+        routed.device,
+        "comm_epilogue",
+        shared=0 if shared is None else shared.data_ptr(),
+        routed=routed.data_ptr(),
+        weights=0 if weights is None else weights.data_ptr(),
+        out=out.data_ptr(),
+        tokens=tokens,
+        hidden=hidden,
+        topk=topk,
+    )
     return out
 
 

@@ -76,20 +76,20 @@ def schedule(
     scratch_bytes = module.schedule_workspace_bytes(ep, routes, num_local_experts)
     # int64 elements: the scratch starts with int64 segment offsets.
     scratch = torch.empty((scratch_bytes + 7) // 8, dtype=torch.int64, device=device)
-    with torch.cuda.device(device):
-        module.schedule(
-            topk_all=topk_all.data_ptr() if routes else 0,
-            peer_rank=peer_rank.data_ptr(),
-            peer_token_idx=peer_token_idx.data_ptr(),
-            num_tokens=num_tokens.data_ptr(),
-            tokens_per_expert=tokens_per_expert.data_ptr(),
-            status=status.data_ptr(),
-            workspace=scratch.data_ptr(),
-            ep=ep,
-            routes=routes,
-            experts=num_local_experts,
-            capacity=capacity,
-            rank=rank,
-            stream=torch.cuda.current_stream(device).cuda_stream,
-        )
+    _extension.launch(
+        device,
+        "schedule",
+        topk_all=topk_all.data_ptr() if routes else 0,
+        peer_rank=peer_rank.data_ptr(),
+        peer_token_idx=peer_token_idx.data_ptr(),
+        num_tokens=num_tokens.data_ptr(),
+        tokens_per_expert=tokens_per_expert.data_ptr(),
+        status=status.data_ptr(),
+        workspace=scratch.data_ptr(),
+        ep=ep,
+        routes=routes,
+        experts=num_local_experts,
+        capacity=capacity,
+        rank=rank,
+    )
     return peer_rank, peer_token_idx, num_tokens, tokens_per_expert
