@@ -39,8 +39,18 @@ def _test_files():
 def _name(src):
     return paths.split_extension(src)[0]
 
-def _pytest_args(src):
-    return ["$(rootpath :%s)" % src]
+def _pytest_file_test(src, args, data, deps, **kwargs):
+    # One py_test that runs pytest (through the shared runner) on one test file.
+    py_test(
+        name = _name(src),
+        srcs = [src, _RUNNER],
+        main = _RUNNER,
+        args = args + ["$(rootpath :%s)" % src],
+        data = ["//:pyproject.toml"] + data,
+        legacy_create_init = _NO_INIT,
+        deps = [":support"] + deps + _THIRD_PARTY,
+        **kwargs
+    )
 
 def mok_cpu_tests(extra_data = {}, size = "medium"):
     """A py_test for every tests/cpu/test_*.py, importing mok from source.
@@ -51,16 +61,13 @@ def mok_cpu_tests(extra_data = {}, size = "medium"):
     """
     _support_library()
     for src in _test_files():
-        py_test(
-            name = _name(src),
-            srcs = [src, _RUNNER],
-            main = _RUNNER,
-            args = _pytest_args(src),
-            data = ["//:pyproject.toml"] + extra_data.get(src, []),
-            legacy_create_init = _NO_INIT,
+        _pytest_file_test(
+            src,
+            args = [],
+            data = extra_data.get(src, []),
+            deps = ["//mok"],
             size = size,
             tags = ["cpu"],
-            deps = [":support", "//mok"] + _THIRD_PARTY,
         )
 
 def _gpu_tags(src, multi_gpu, nvl72):
@@ -82,18 +89,15 @@ def mok_gpu_tests(multi_gpu = [], nvl72 = [], extra_data = {}, size = "large"):
     """
     _support_library()
     for src in _test_files():
-        py_test(
-            name = _name(src),
-            srcs = [src, _RUNNER],
-            main = _RUNNER,
-            args = ["--wheel=$(rootpath %s)" % _WHEEL] + _pytest_args(src),
-            data = ["//:pyproject.toml", _WHEEL] + extra_data.get(src, []),
-            legacy_create_init = _NO_INIT,
+        _pytest_file_test(
+            src,
+            args = ["--wheel=$(rootpath %s)" % _WHEEL],
+            data = [_WHEEL] + extra_data.get(src, []),
+            deps = [],
             size = size,
             tags = _gpu_tags(src, multi_gpu, nvl72),
             target_compatible_with = [
                 "@platforms//os:linux",
                 "@platforms//cpu:x86_64",
             ],
-            deps = [":support"] + _THIRD_PARTY,
         )
