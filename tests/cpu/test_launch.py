@@ -1,0 +1,39 @@
+"""The one launch path of the CUDA wrappers: the kernel of the device's module, called with its
+arguments plus the device's current stream under a device guard; and the alignment helper."""
+
+from __future__ import annotations
+
+import contextlib
+from types import SimpleNamespace
+
+import torch
+
+from mok import _extension
+
+
+def test_launch_forwards_arguments_and_the_current_stream(monkeypatch):
+    calls, guarded = [], []
+    module = SimpleNamespace(kernel=lambda **kw: calls.append(kw) or "result")
+    monkeypatch.setattr(_extension, "module_for_device", lambda device: module)
+
+    @contextlib.contextmanager
+    def guard(device):
+        guarded.append(device)
+        yield
+
+    monkeypatch.setattr(torch.cuda, "device", guard)
+    monkeypatch.setattr(
+        torch.cuda, "current_stream", lambda device: SimpleNamespace(cuda_stream=77)
+    )
+    device = torch.device("cuda", 1)
+    assert _extension.launch(device, "kernel", x=1, rows=2) == "result"
+    assert calls == [{"x": 1, "rows": 2, "stream": 77}]
+    assert guarded == [device]
+
+
+def test_aligned_copies_only_a_misaligned_view():
+    base = torch.zeros(64, dtype=torch.uint8)
+    assert _extension.aligned(base).data_ptr() == base.data_ptr()
+    view = base[1:17]
+    fixed = _extension.aligned(view)
+    assert fixed.data_ptr() % _extension.ALIGNMENT == 0 and torch.equal(fixed, view)
