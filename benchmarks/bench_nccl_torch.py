@@ -25,6 +25,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+import bench_gemm
 import harness
 import torch
 import torch.distributed as dist
@@ -140,23 +141,15 @@ def moe_forward(
 
 
 def grouped_mm_rates(timer: harness.Timer, inputs: harness.Inputs, w: BaselineWeights, group):
-    """TFLOP/s of each `torch._grouped_mm` alone (gate-up, down) on this rank's received rows of
-    one step: the reference for mok's expert GEMM kernels ("each >= 90% of _grouped_mm")."""
+    """Each expert GEMM alone on this rank's received rows of one step, torch._grouped_mm and
+    mok's kernels (bench_gemm): the yardstick "each >= 90% of _grouped_mm"."""
     experts = w.down.shape[0]
     with torch.no_grad():
         plan = routing_plan(inputs.top, experts, group)
         send = inputs.x[plan.order // inputs.top.shape[1]]
         rows = _exchange(send, plan.output_splits, plan.input_splits, group)[plan.local_order]
-        n, hidden, inter = rows.shape[0], rows.shape[1], w.down.shape[2]
-        h_rows = torch.randn(n, inter, device=rows.device).bfloat16()  # random, never zeros
-        gate_up_w, down_w = w.gate_up.transpose(-2, -1), w.down.transpose(-2, -1)
-        gate_up = timer.measure(lambda: torch._grouped_mm(rows, gate_up_w, offs=plan.offs))
-        down = timer.measure(lambda: torch._grouped_mm(h_rows, down_w, offs=plan.offs))
-    return {
-        "grouped_mm_rows": n,
-        "grouped_mm_gate_up_tflops": 2 * n * 2 * inter * hidden / gate_up.median_ms / 1e9,
-        "grouped_mm_down_tflops": 2 * n * hidden * inter / down.median_ms / 1e9,
-    }
+        gate_up, down = w.gate_up.detach().contiguous(), w.down.detach().contiguous()
+    return bench_gemm.rates(timer, rows, plan.offs, gate_up, down)
 
 
 def _leaves(inputs: harness.Inputs) -> tuple[torch.Tensor, torch.Tensor]:

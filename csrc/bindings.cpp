@@ -3,6 +3,8 @@
 #include <pybind11/pybind11.h>
 
 #include "api/comm.hpp"
+#include "api/experts.hpp"
+#include "api/gemm.hpp"
 #include "api/info.hpp"
 #include "api/mxfp8.hpp"
 #include "api/schedule.hpp"
@@ -17,4 +19,6 @@ PYBIND11_MODULE(MOK_MODULE_NAME, m) {
   mok::api::bind_mxfp8(m);
   mok::api::bind_schedule(m);
   mok::api::bind_comm(m);
+  mok::api::bind_gemm(m);
+  mok::api::bind_experts(m);
 }

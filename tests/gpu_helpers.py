@@ -5,6 +5,8 @@ and kernel timing. It sits at the top of tests/ because that directory is on pyt
 
 from __future__ import annotations
 
+import os
+import secrets
 import statistics
 
 import pytest
@@ -35,6 +37,19 @@ def skip_without_gpu_module() -> None:
     reason = gpu_skip_reason()
     if reason is not None:
         pytest.skip(reason)
+
+
+def module_seed(label: str):
+    """A module-scoped `seed` fixture for one-GPU test modules: MOK_TEST_SEED when set, else a
+    fresh random seed, printed as "<label> test seed: ..." so a failure can be replayed."""
+
+    @pytest.fixture(scope="module")
+    def seed() -> int:
+        value = int(os.environ.get("MOK_TEST_SEED") or secrets.randbits(31))
+        print(f"\n{label} test seed: MOK_TEST_SEED={value}")
+        return value
+
+    return seed
 
 
 def median_ms(run, before=None, iterations: int = 10) -> float:

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "comm.h"
+#include "api/checks.hpp"
 #include "common/cuda_check.hpp"
 #include "epilogue.h"
 
@@ -21,16 +22,9 @@ namespace comm_checks {
 
 namespace py = pybind11;
 
-inline void require(bool ok, const std::string& message) {
-  if (!ok) throw py::value_error(message);
-}
+using checks::require;
 
-inline void address(const char* name, uintptr_t value, uintptr_t alignment) {
-  require(value != 0, std::string("`") + name + "` must be a device address, got 0");
-  require(value % alignment == 0, std::string("`") + name + "` must be " +
-                                      std::to_string(alignment) + "-byte aligned, got address " +
-                                      std::to_string(value));
-}
+using checks::address;
 
 inline void at_least(const char* name, int64_t value, int64_t low) {
   require(value >= low, std::string("`") + name + "` must be >= " + std::to_string(low) +

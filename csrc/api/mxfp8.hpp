@@ -10,6 +10,7 @@
 #include <limits>
 #include <string>
 
+#include "api/checks.hpp"
 #include "common/cuda_check.hpp"
 #include "mxfp8.h"
 
@@ -17,9 +18,7 @@ namespace mok::api {
 
 namespace py = pybind11;
 
-inline void require(bool ok, const std::string& message) {
-  if (!ok) throw py::value_error(message);
-}
+using checks::require;
 
 // Device addresses must be 16-byte aligned: the kernel moves data in 16-byte vectors.
 inline void check_pointer(const char* name, uintptr_t address) {

@@ -11,6 +11,7 @@
 #include <limits>
 #include <string>
 
+#include "api/checks.hpp"
 #include "common/cuda_check.hpp"
 #include "schedule.h"
 
@@ -24,21 +25,14 @@ constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 // The grid's y dimension is the source rank.
 constexpr int64_t kMaxEp = 65535;
 
-inline void require(bool ok, const std::string& message) {
-  if (!ok) throw py::value_error(message);
-}
+using checks::require;
 
 inline void check_range(const char* name, int64_t value, int64_t low, int64_t high) {
-  require(value >= low && value <= high, std::string("`") + name + "` must be in [" +
-                                             std::to_string(low) + ", " + std::to_string(high) +
-                                             "], got " + std::to_string(value));
+  checks::in_range(name, value, low, high);
 }
 
 inline void check_address(const char* name, uintptr_t address, uintptr_t alignment) {
-  require(address != 0, std::string("`") + name + "` must be a device address, got 0");
-  require(address % alignment == 0, std::string("`") + name + "` must be " +
-                                        std::to_string(alignment) + "-byte aligned, got address " +
-                                        std::to_string(address));
+  checks::address(name, address, alignment);
 }
 
 // The sizes every entry point accepts; the launch relies on them (int32 route indices and

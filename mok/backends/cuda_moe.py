@@ -2,25 +2,29 @@
 grouped GEMMs for the experts.
 
 Communication runs on mok's own kernels (mok.backends.cuda_comm: peer loads and stores on the
-workspace's symmetric buffers, flag barriers, no multicast). The expert GEMMs run, for now, on
-`torch._grouped_mm` (CUTLASS grouped GEMM in PyTorch) over the schedule's 256-row expert
-segments, with offsets computed on the device, so a step needs no host sync; mok's own TMA +
-wgmma GEMMs are to replace it. In MXFP8 mode the operands are the dequantized MXFP8 values,
-which bf16 holds exactly, so the numerics are those of the reference's table.
+workspace's symmetric buffers, flag barriers, no multicast). The expert GEMMs run on mok's
+grouped GEMMs (mok.backends.cuda_gemm: TMA + wgmma, sm_90a) over the schedule's 256-row expert
+segments, sized on the device, so a step needs no host sync. Modules without those kernels
+(Blackwell), or MOK_GROUPED_GEMM=torch, use `torch._grouped_mm` the same way. In MXFP8 mode the
+operands are the dequantized MXFP8 values, which bf16 holds exactly, so the numerics are those
+of the reference's table.
 """
 
 from __future__ import annotations
 
+import os
+
 import torch
 
-from mok.backends import cuda, cuda_comm
+from mok.backends import cuda, cuda_comm, cuda_experts, cuda_gemm
+from mok.backends.reference_experts import ExpertEngine
 from mok.workspace import MoKWorkspace, workspace_owning
 
 _F32 = torch.float32
 
 
-class GroupedGemms:
-    """Routed-expert GEMMs over the schedule's contiguous expert segments (fp32 outputs)."""
+class GroupedGemms(ExpertEngine):
+    """Routed-expert GEMMs on torch._grouped_mm over the schedule's expert segments (fp32)."""
 
     def __init__(self, schedule, num_experts: int):
         peer_rank, _, num_tokens, tokens_per_expert = schedule
@@ -47,7 +51,63 @@ class GroupedGemms:
         return cuda.mxfp8_quantize(t, normal, transposed)
 
 
-class DenseGemms:
+class HopperGemms(ExpertEngine):
+    """Routed-expert GEMMs on mok's kernels (bf16 outputs, fp32 where the math keeps fp32)."""
+
+    def __init__(self, schedule, num_experts: int):
+        self.rows = schedule[3]
+        self.num_tokens = schedule[2]
+        self.num_experts = num_experts
+
+    def linear(self, a: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if _transposed_view(weight):  # the backward's W^T: N-contiguous weights, fp32 d_h
+            return cuda_gemm.linear_transposed(a, weight.transpose(1, 2), self.rows)
+        return cuda_gemm.linear(a, [weight], self.rows)[0]
+
+    def linears(self, a: torch.Tensor, weights) -> list[torch.Tensor]:
+        return cuda_gemm.linear(a, list(weights), self.rows)
+
+    def linear_sum(self, terms) -> torch.Tensor:
+        return cuda_gemm.linear_sum([(a, w.transpose(1, 2)) for a, w in terms], self.rows)
+
+    def weight_grad(self, d_out: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        return cuda_gemm.weight_grads([(d_out, a)], self.rows)[0]
+
+    def weight_grads(self, pairs) -> list[torch.Tensor]:
+        return cuda_gemm.weight_grads(list(pairs), self.rows)
+
+    def swiglu(self, gate: torch.Tensor, up: torch.Tensor, limit: float | None) -> torch.Tensor:
+        return cuda_experts.swiglu(gate, up, self.num_tokens, limit)
+
+    def swiglu_backward(self, d_h, rw, gate, up, hidden, limit: float | None):
+        return cuda_experts.swiglu_backward(d_h, rw, gate, up, hidden, self.num_tokens, limit)
+
+    def scale_rows(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return cuda_experts.scale_rows(x, weight, self.num_tokens)
+
+    quantize = staticmethod(cuda.mxfp8_quantize)
+
+
+def _transposed_view(weight: torch.Tensor) -> bool:
+    return not weight.is_contiguous() and weight.transpose(1, 2).is_contiguous()
+
+
+def _use_mok_gemms(device: torch.device) -> bool:
+    choice = os.environ.get("MOK_GROUPED_GEMM", "auto")
+    if choice not in ("auto", "mok", "torch"):
+        raise ValueError(f"MOK_GROUPED_GEMM must be auto, mok or torch, got {choice!r}")
+    if choice == "torch":
+        return False
+    if cuda_gemm.available(device):
+        return True
+    if choice == "mok":
+        raise NotImplementedError(
+            f"MOK_GROUPED_GEMM=mok, but {device}'s module has no grouped GEMMs"
+        )
+    return False
+
+
+class DenseGemms(ExpertEngine):
     """The shared expert: one expert over every token row (cuBLAS, fp32 outputs)."""
 
     num_experts = 1
@@ -61,7 +121,7 @@ class DenseGemms:
         d_t = d_out.to(torch.bfloat16).T
         return torch.mm(d_t, a.to(torch.bfloat16), out_dtype=_F32)[None]
 
-    quantize = GroupedGemms.quantize
+    quantize = staticmethod(cuda.mxfp8_quantize)
 
 
 class CudaEngine:
@@ -93,7 +153,9 @@ class CudaEngine:
         cuda_comm.push_rows(self.ws, rows, schedule, name)
 
     @staticmethod
-    def routed_gemms(schedule, num_experts: int) -> GroupedGemms:
+    def routed_gemms(schedule, num_experts: int) -> ExpertEngine:
+        if _use_mok_gemms(schedule[3].device):
+            return HopperGemms(schedule, num_experts)
         return GroupedGemms(schedule, num_experts)
 
     @staticmethod

@@ -54,13 +54,49 @@ def grouped_weight_grad(d_out: torch.Tensor, a: torch.Tensor, row_expert, num_ex
     return torch.stack(grads)
 
 
-class MaskedGemms:
-    """The reference's expert GEMMs: one masked fp32 product per expert (slow, exact zeros).
+class ExpertEngine:
+    """The interface the expert math is written against, with the torch forms defined once.
 
-    Every engine offers `linear(a, weight) -> fp32 [R, N]`, `weight_grad(d_out, a) -> fp32
-    [E, N, K]`, `quantize(t, normal, transposed)` (the MXFP8 quantizer) and `num_experts`; the
-    expert math below is written once against that interface for every backend.
+    An engine offers `linear(a, weight)` (a [R, K] @ weight[e]^T per row's expert, weight
+    [E, N, K]; fp32, or bf16 where a kernel stores bf16), `weight_grad(d_out, a)` ([E, N, K]),
+    `quantize(t, normal, transposed)` (the MXFP8 quantizer) and `num_experts`. Engines with
+    kernels of their own override the rest: `linears` (several weights, one A), `linear_sum`
+    (two products summed in fp32), `weight_grads` (several gradients of one shape) and the
+    elementwise steps `swiglu`, `swiglu_backward` and `scale_rows`.
     """
+
+    num_experts: int
+
+    @staticmethod
+    def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float | None) -> torch.Tensor:
+        return swiglu(gate, up, limit).to(torch.bfloat16)
+
+    @staticmethod
+    def swiglu_backward(d_h, rw, gate, up, hidden, limit: float | None):
+        """(d_router_weight fp32, d_gate, d_up, d_hidden bf16) from the unscaled fp32 d_h."""
+        d_router_weight = (d_h * hidden.float()).sum(-1)
+        d_scaled = rw[:, None] * d_h
+        d_gate, d_up = swiglu_backward(d_scaled, gate, up, limit)
+        bf16 = (t.to(torch.bfloat16) for t in (d_gate, d_up, d_scaled))
+        return (d_router_weight, *bf16)
+
+    @staticmethod
+    def scale_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return (weight[:, None] * x.float()).to(torch.bfloat16)
+
+    def linears(self, a: torch.Tensor, weights) -> list[torch.Tensor]:
+        return [self.linear(a, w) for w in weights]
+
+    def linear_sum(self, terms) -> torch.Tensor:
+        (a1, w1), (a2, w2) = terms
+        return self.linear(a1, w1).float() + self.linear(a2, w2).float()
+
+    def weight_grads(self, pairs) -> list[torch.Tensor]:
+        return [self.weight_grad(d_out, a) for d_out, a in pairs]
+
+
+class MaskedGemms(ExpertEngine):
+    """The reference's expert GEMMs: one masked fp32 product per expert (slow, exact zeros)."""
 
     def __init__(self, row_expert: torch.Tensor, num_experts: int):
         self.row_expert, self.num_experts = row_expert, num_experts
@@ -119,9 +155,8 @@ def _dequant(pair) -> torch.Tensor:
 
 def forward_bf16(x_rows, w_gate, w_up, w_down, gemm, limit):
     """(gate, up, hidden, y), all bf16 [R, I] / [R, H]."""
-    gate = gemm.linear(x_rows, w_gate).to(torch.bfloat16)
-    up = gemm.linear(x_rows, w_up).to(torch.bfloat16)
-    hidden = swiglu(gate, up, limit).to(torch.bfloat16)
+    gate, up = (t.to(torch.bfloat16) for t in gemm.linears(x_rows, (w_gate, w_up)))
+    hidden = gemm.swiglu(gate, up, limit)
     y = gemm.linear(hidden, w_down).to(torch.bfloat16)
     return gate, up, hidden, y
 
@@ -133,9 +168,8 @@ def forward_mxfp8(x_rows, w_gate, w_up, w_down, gemm, limit):
     pairs (blocks along rows, for the weight gradients) and gate_q/up_q normal pairs.
     """
     xq = mx_round(x_rows, gemm)
-    gate = gemm.linear(xq, _dequant(w_gate)).to(torch.bfloat16)
-    up = gemm.linear(xq, _dequant(w_up)).to(torch.bfloat16)
-    hidden = swiglu(gate, up, limit).to(torch.bfloat16)
+    gate, up = (t.to(torch.bfloat16) for t in gemm.linears(xq, (_dequant(w_gate), _dequant(w_up))))
+    hidden = gemm.swiglu(gate, up, limit)
     y = gemm.linear(mx_round(hidden, gemm), _dequant(w_down)).to(torch.bfloat16)
     x_t = gemm.quantize(x_rows, False, True)[2:]
     gate_q = gemm.quantize(gate, True, False)[:2]
@@ -184,19 +218,15 @@ def backward_mxfp8(d_out_rows, rw_rows, ctx, weights, gemm, limit):
 def _backward_tail(d_h, d_out, rw, x, gate, up, hidden, weights, gemm, limit, mx):
     """Shared part of both backward modes, from the unscaled d_h = d_out @ W_down."""
     w_gate, w_up, _ = weights
-    d_router_weight = (d_h * hidden.float()).sum(-1)
-    d_gate, d_up = swiglu_backward(rw[:, None] * d_h, gate, up, limit)
-    d_gate, d_up = d_gate.to(torch.bfloat16), d_up.to(torch.bfloat16)
+    d_router_weight, d_gate, d_up, d_hidden = gemm.swiglu_backward(d_h, rw, gate, up, hidden, limit)
     dgrad_in = (mx_round(d_gate, gemm), mx_round(d_up, gemm)) if mx else (d_gate, d_up)
-    d_x = gemm.linear(dgrad_in[0], w_gate.transpose(1, 2))
-    d_x = (d_x + gemm.linear(dgrad_in[1], w_up.transpose(1, 2))).to(torch.bfloat16)
-    d_y = (rw[:, None] * d_out.float()).to(torch.bfloat16)
+    dgrad_terms = ((dgrad_in[0], w_gate.transpose(1, 2)), (dgrad_in[1], w_up.transpose(1, 2)))
+    d_x = gemm.linear_sum(dgrad_terms).to(torch.bfloat16)
+    d_y = gemm.scale_rows(d_out, rw)
     wgrad_in = (
         tuple(mx_round_rows(t, gemm) for t in (d_gate, d_up, d_y)) if mx else (d_gate, d_up, d_y)
     )
-    d_w_gate = gemm.weight_grad(wgrad_in[0], x)
-    d_w_up = gemm.weight_grad(wgrad_in[1], x)
+    d_w_gate, d_w_up = gemm.weight_grads(((wgrad_in[0], x), (wgrad_in[1], x)))
     d_w_down = gemm.weight_grad(wgrad_in[2], hidden)
-    d_hidden = (rw[:, None] * d_h).to(torch.bfloat16)
     bf16 = [t.to(torch.bfloat16) for t in (d_w_gate, d_w_up, d_w_down)]
     return (d_x, d_router_weight, d_gate, d_up, d_hidden, *bf16)

@@ -1,4 +1,5 @@
-"""Backend selection (MOK_BACKEND) and the CUDA engine's refusal of foreign buffers."""
+"""Backend selection (MOK_BACKEND, MOK_GROUPED_GEMM) and the CUDA engine's refusal of foreign
+buffers."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 import torch
 
 from mok import backends
-from mok.backends.cuda_moe import CudaEngine
+from mok.backends.cuda_moe import CudaEngine, GroupedGemms
 from mok.backends.reference import ReferenceEngine
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
@@ -43,3 +44,31 @@ def test_reference_engine_off_cuda(monkeypatch):
 def test_cuda_engine_refuses_buffers_of_no_workspace():
     with pytest.raises(ValueError, match="`x_buffer` is not the buffer of that name"):
         CudaEngine.for_buffers({"x_buffer": torch.zeros(4, 128)})
+
+
+def _cpu_schedule(experts: int = 2):
+    rows = 256 * experts
+    return (
+        torch.zeros(rows, dtype=torch.int32),
+        torch.zeros(rows, dtype=torch.int32),
+        torch.tensor([rows], dtype=torch.int32),
+        torch.full((experts,), 256, dtype=torch.int32),
+    )
+
+
+@pytest.mark.parametrize("choice", ["auto", "torch"])
+def test_routed_gemms_fall_back_to_torch_without_mok_kernels(monkeypatch, choice):
+    monkeypatch.setenv("MOK_GROUPED_GEMM", choice)
+    assert isinstance(CudaEngine.routed_gemms(_cpu_schedule(), 2), GroupedGemms)
+
+
+def test_routed_gemms_mok_choice_needs_the_kernels(monkeypatch):
+    monkeypatch.setenv("MOK_GROUPED_GEMM", "mok")
+    with pytest.raises(NotImplementedError, match="MOK_GROUPED_GEMM=mok, but cpu's module"):
+        CudaEngine.routed_gemms(_cpu_schedule(), 2)
+
+
+def test_routed_gemms_unknown_choice_is_named(monkeypatch):
+    monkeypatch.setenv("MOK_GROUPED_GEMM", "cublas")
+    with pytest.raises(ValueError, match="MOK_GROUPED_GEMM must be auto, mok or torch"):
+        CudaEngine.routed_gemms(_cpu_schedule(), 2)

@@ -9,12 +9,9 @@ every run (seed printed; replay with MOK_TEST_SEED).
 
 from __future__ import annotations
 
-import os
-import secrets
-
 import pytest
 import torch
-from gpu_helpers import device_copy_gb_per_s, gb_per_s, requires_gpu_module
+from gpu_helpers import device_copy_gb_per_s, gb_per_s, module_seed, requires_gpu_module
 
 from mok import ops
 from mok.backends import cuda_comm
@@ -37,11 +34,7 @@ CASES = [
 CASE_IDS = [f"T{t}-H{h}-k{k}-{'shared' if s else 'noshared'}" for t, h, k, s in CASES]
 
 
-@pytest.fixture(scope="module")
-def seed() -> int:
-    value = int(os.environ.get("MOK_TEST_SEED") or secrets.randbits(31))
-    print(f"\nepilogue test seed: MOK_TEST_SEED={value}")
-    return value
+seed = module_seed("epilogue")
 
 
 def _inputs(case, seed: int):

@@ -7,12 +7,9 @@ several sizes, and a bandwidth figure next to the measured copy bandwidth.
 
 from __future__ import annotations
 
-import os
-import secrets
-
 import pytest
 import torch
-from gpu_helpers import device_copy_gb_per_s, median_ms, requires_gpu_module
+from gpu_helpers import device_copy_gb_per_s, median_ms, module_seed, requires_gpu_module
 
 from mok import _extension, mxfp8
 from mok.backends import cuda as cuda_backend
@@ -25,11 +22,7 @@ POISON = 0x5A  # neither a plausible scale byte pattern for these inputs nor 0
 requires_module = requires_gpu_module()
 
 
-@pytest.fixture(scope="module")
-def seed() -> int:
-    value = int(os.environ.get("MOK_TEST_SEED") or secrets.randbits(31))
-    print(f"\nmxfp8 cuda test seed: MOK_TEST_SEED={value}")
-    return value
+seed = module_seed("mxfp8 cuda")
 
 
 def _random_bf16(shape: tuple[int, ...], seed: int, special: bool) -> torch.Tensor:

@@ -11,12 +11,11 @@ plain pytest and under `torchrun --nproc-per-node=1 -m pytest`.
 from __future__ import annotations
 
 import os
-import secrets
 import zlib
 
 import pytest
 import torch
-from gpu_helpers import gpu_skip_reason, median_ms, requires_gpu_module
+from gpu_helpers import gpu_skip_reason, median_ms, module_seed, requires_gpu_module
 
 from mok import _extension, status
 from mok.backends import cuda_schedule, reference
@@ -35,11 +34,7 @@ def _device():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
 
 
-@pytest.fixture(scope="module")
-def seed() -> int:
-    value = int(os.environ.get("MOK_TEST_SEED") or secrets.randbits(31))
-    print(f"\nschedule cuda test seed: MOK_TEST_SEED={value}")
-    return value
+seed = module_seed("schedule cuda")
 
 
 def _generator(seed: int, salt: object) -> torch.Generator:

@@ -28,6 +28,9 @@ _SRC_PACKAGE = "csrc/"
 _HEADERS = "//csrc:headers"
 _PYBIND11 = "pybind11_headers"
 
+# CUTLASS/CuTe headers from the locked nvidia-cutlass wheel (MODULE.bazel adds the target).
+_CUTLASS = "@pypi//nvidia_cutlass:cutlass_headers"
+
 # Bazel compiles in its execution root with relative paths, so the prefix maps find nothing
 # absolute to strip; they stay so the flag set is the one the other front ends use. Bazel never
 # stamps, so no commit is compiled in (the binding's own default word).
@@ -77,6 +80,7 @@ def _module(arch, visibility):
             ],
             deps = [
                 _HEADERS,
+                _CUTLASS,
                 ":" + _PYBIND11,
             ],
         )

@@ -243,6 +243,14 @@ EXTENSIONS: dict[tuple[str, str], dict[str, Rule]] = {
             mandatory=frozenset({"hub_name"}),
             label_attrs=frozenset({"requirements_lock"}),
         ),
+        "whl_mods": Rule(
+            _words(
+                "additive_build_content additive_build_content_file copy_executables copy_files "
+                "data data_exclude_glob hub_name srcs_exclude_glob whl_name"
+            ),
+            "rules_python 2.3.2 python/private/pypi/extension.bzl _whl_mod_attrs",
+            mandatory=frozenset({"hub_name", "whl_name"}),
+        ),
     },
     # rules_cuda 0.3.0 cuda/extensions.bzl: module_extension "toolchain" and its tag classes.
     ("@rules_cuda//cuda:extensions.bzl", "toolchain"): {

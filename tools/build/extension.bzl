@@ -37,12 +37,21 @@ EXTENSION_SOURCES = [
     "csrc/bindings.cpp",
     "csrc/comm.cu",
     "csrc/epilogue.cu",
+    "csrc/experts.cu",
+    "csrc/gemm/grouped.cu",
+    "csrc/gemm/linear.cu",
+    "csrc/gemm/linear_accumulate.cu",
+    "csrc/gemm/linear_transposed.cu",
+    "csrc/gemm/weight_grad.cu",
     "csrc/mxfp8.cu",
     "csrc/schedule.cu",
 ]
 
 EXTENSION_HEADERS = [
+    "csrc/api/checks.hpp",
     "csrc/api/comm.hpp",
+    "csrc/api/experts.hpp",
+    "csrc/api/gemm.hpp",
     "csrc/api/info.hpp",
     "csrc/api/mxfp8.hpp",
     "csrc/api/schedule.hpp",
@@ -53,6 +62,10 @@ EXTENSION_HEADERS = [
     "csrc/common/mxfp8_math.cuh",
     "csrc/common/row_copy.cuh",
     "csrc/epilogue.h",
+    "csrc/experts.h",
+    "csrc/gemm/grouped.h",
+    "csrc/gemm/grouped_kernel.cuh",
+    "csrc/gemm/tables.cuh",
     "csrc/mxfp8.h",
     "csrc/schedule.h",
 ]
@@ -64,6 +77,10 @@ INCLUDE_DIRS = ["csrc"]
 DEFINES = [
     "MOK_MODULE_NAME={module}",
     "MOK_ARCH=\"{arch}\"",
+    # MOK_ARCH_sm_90a, ...: lets a source compile arch-specific code (the wgmma GEMMs) or not.
+    "MOK_ARCH_{arch}",
+    # Without NDEBUG, CUTLASS's device asserts are calls that serialize the wgmma pipeline.
+    "NDEBUG",
     "MOK_VERSION=\"{version}\"",
     "MOK_NVCC_VERSION=\"{nvcc_version}\"",
     "MOK_GIT_COMMIT=\"{git_commit}\"",

@@ -88,6 +88,8 @@ def compile_step(
         "-isystem",
         str(tc.pybind11_include),
         "-isystem",
+        str(tc.cutlass_include),
+        "-isystem",
         str(tc.python_include),
         *[f"-D{define}" for define in _fill(spec.defines, values)],
     ]

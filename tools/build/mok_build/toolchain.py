@@ -10,6 +10,7 @@ those versions (a stray newer nvidia-nvvm or nvidia-cuda-crt breaks ptxas).
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import re
 import shutil
 import subprocess
@@ -50,6 +51,7 @@ class Toolchain:
     host_compiler: Path
     python_include: Path
     pybind11_include: Path
+    cutlass_include: Path  # CUTLASS/CuTe headers of the pinned nvidia-cutlass wheel
     python_tag: str  # cp312
     extension_suffix: str  # .cpython-312-x86_64-linux-gnu.so
 
@@ -59,6 +61,7 @@ class Toolchain:
         return {
             self.cuda_root: "/cuda",
             self.pybind11_include: "/pybind11",
+            self.cutlass_include: "/cutlass",
             self.python_include: "/python",
         }
 
@@ -144,6 +147,23 @@ def pybind11_include() -> Path:
     return Path(pybind11.get_include())
 
 
+def cutlass_include() -> Path:
+    """include/ of the CUTLASS sources that the nvidia-cutlass wheel ships in cutlass_library.
+
+    Found without importing the package (its __init__ pulls in the Python generator's deps).
+    """
+    spec = importlib.util.find_spec("cutlass_library")
+    locations = [] if spec is None else list(spec.submodule_search_locations or [])
+    for location in locations:
+        include = Path(location) / "source" / "include"
+        if (include / "cutlass" / "cutlass.h").is_file():
+            return include
+    raise ToolchainError(
+        "the CUTLASS headers are missing: install the pinned nvidia-cutlass wheel "
+        "(`pip install --require-hashes -r requirements.lock`)"
+    )
+
+
 def python_tag() -> str:
     if sys.implementation.name != "cpython":
         raise ToolchainError("the extension is a CPython module; build it with CPython")
@@ -162,6 +182,7 @@ def resolve(expected_nvcc: str, pins: Mapping[str, str]) -> Toolchain:
         host_compiler=find_host_compiler(),
         python_include=python_include(),
         pybind11_include=pybind11_include(),
+        cutlass_include=cutlass_include(),
         python_tag=python_tag(),
         extension_suffix=sysconfig.get_config_var("EXT_SUFFIX"),
     )

@@ -1,0 +1,137 @@
+// Python binding of the grouped expert GEMMs: argument checks, then the table kernel and the GEMM.
+//
+// Addresses are raw device pointers (Python ints) and the stream a cudaStream_t as an int;
+// mok/backends/cuda_gemm.py allocates the outputs and the scratch bytes with torch.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <cstdint>
+#include <string>
+
+#include "api/checks.hpp"
+#include "common/cuda_check.hpp"
+#include "gemm/grouped.h"
+
+namespace mok::api {
+
+namespace gemm_checks {
+
+namespace py = pybind11;
+
+using checks::require;
+
+// TMA reads and writes 16-byte aligned rows.
+inline void address(const char* name, uintptr_t value) { checks::address(name, value, 16); }
+
+inline void extent(const char* name, int64_t value) {
+  require(value > 0 && value % 8 == 0 && value <= (int64_t{1} << 30),
+          std::string("`") + name + "` must be a positive multiple of 8 below 2^30, got " +
+              std::to_string(value));
+}
+
+inline gemm::Kind kind(int value) {
+  require(value >= 0 && value < gemm::kKinds, "`kind` must be in [0, " +
+                                                  std::to_string(gemm::kKinds) + "), got " +
+                                                  std::to_string(value));
+  return static_cast<gemm::Kind>(value);
+}
+
+inline gemm::OperandSet operand_set(const char* suffix, bool wants_c, uintptr_t a, uintptr_t b,
+                                    uintptr_t c, uintptr_t d) {
+  const std::string s(suffix);
+  address(("a" + s).c_str(), a);
+  address(("b" + s).c_str(), b);
+  address(("d" + s).c_str(), d);
+  if (wants_c) {
+    address(("c" + s).c_str(), c);
+  } else {
+    require(c == 0, "`c" + s + "` must be 0: only kind 2 (accumulate) reads a source term");
+  }
+  return {reinterpret_cast<const void*>(a), reinterpret_cast<const void*>(b),
+          reinterpret_cast<const void*>(c), reinterpret_cast<void*>(d)};
+}
+
+}  // namespace gemm_checks
+
+inline void require_grouped_gemm() {
+  if (!gemm::available()) {
+    throw std::runtime_error("mok's grouped GEMMs are compiled only into the sm_90a module; "
+                             "this module is built for " MOK_ARCH);
+  }
+}
+
+inline int64_t grouped_gemm_scratch_bytes(int kind, int groups, int sm_count) {
+  require_grouped_gemm();
+  gemm_checks::kind(kind);
+  gemm_checks::require(groups >= 1 && groups <= 1024,
+                       "`groups` must be in [1, 1024], got " + std::to_string(groups));
+  gemm_checks::require(sm_count >= 1, "`sm_count` must be >= 1, got " + std::to_string(sm_count));
+  return static_cast<int64_t>(gemm::scratch_bytes(static_cast<gemm::Kind>(kind), groups, sm_count));
+}
+
+inline void grouped_gemm(int kind, uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t d,
+                         uintptr_t a2, uintptr_t b2, uintptr_t c2, uintptr_t d2, uintptr_t rows,
+                         int experts, int64_t n, int64_t k, int64_t total_rows, int sm_count,
+                         uintptr_t scratch,
+                         int64_t scratch_bytes, uintptr_t stream) {
+  namespace check = gemm_checks;
+  require_grouped_gemm();
+  gemm::GroupedArgs args;
+  args.kind = check::kind(kind);
+  const bool wants_c = args.kind == gemm::Kind::kLinearTransposedAccumulate;
+  args.sets[0] = check::operand_set("", wants_c, a, b, c, d);
+  const bool second = a2 != 0 || b2 != 0 || c2 != 0 || d2 != 0;
+  if (second) args.sets[1] = check::operand_set("2", wants_c, a2, b2, c2, d2);
+  args.num_sets = second ? 2 : 1;
+  check::require(rows != 0 && rows % 4 == 0,
+                 "`rows` must be a 4-byte aligned device address, got " + std::to_string(rows));
+  args.rows = reinterpret_cast<const int32_t*>(rows);
+  check::require(experts >= 1 && experts * args.num_sets <= 1024,
+                 "`experts` times the operand sets must be in [1, 1024], got " +
+                     std::to_string(experts) + " x " + std::to_string(args.num_sets));
+  args.experts = experts;
+  check::extent("n", n);
+  check::extent("k", k);
+  args.n = n;
+  args.k = k;
+  check::require(total_rows >= 0,
+                 "`total_rows` must be non-negative, got " + std::to_string(total_rows));
+  args.total_rows = total_rows;
+  check::require(sm_count >= 0, "`sm_count` must be >= 0 (0 = every SM), got " +
+                                    std::to_string(sm_count));
+  args.sm_count = sm_count;
+  check::require(scratch != 0 && scratch % 128 == 0,
+                 "`scratch` must be a 128-byte aligned device address, got " +
+                     std::to_string(scratch));
+  args.scratch = reinterpret_cast<void*>(scratch);
+  check::require(scratch_bytes > 0, "`scratch_bytes` must be positive");
+  args.scratch_bytes = static_cast<size_t>(scratch_bytes);
+  check_cuda(gemm::launch_grouped(args, reinterpret_cast<cudaStream_t>(stream)),
+             "grouped GEMM launch (is `scratch_bytes` at least grouped_gemm_scratch_bytes?)");
+}
+
+inline void bind_gemm(pybind11::module_& m) {
+  namespace py = pybind11;
+  m.def("grouped_gemm_available", &gemm::available,
+        "True in the module that carries the Hopper grouped GEMMs (sm_90a).");
+  m.def("grouped_gemm_scratch_bytes", &grouped_gemm_scratch_bytes, py::arg("kind"),
+        py::arg("groups"), py::arg("sm_count"),
+        "Device scratch bytes one grouped_gemm launch of `groups` groups needs.");
+  m.def("grouped_gemm", &grouped_gemm, py::arg("kind"), py::arg("a"), py::arg("b"), py::arg("c"),
+        py::arg("d"), py::arg("a2"), py::arg("b2"), py::arg("c2"), py::arg("d2"), py::arg("rows"),
+        py::arg("experts"), py::arg("n"), py::arg("k"), py::arg("total_rows"), py::arg("sm_count"), py::arg("scratch"),
+        py::arg("scratch_bytes"), py::arg("stream"),
+        R"doc(Grouped GEMM over the schedule's expert segments on `stream` (asynchronous).
+
+`rows` int32 [experts]: padded rows per expert (device). Segment e starts at sum(rows[:e]).
+kind 0: d[seg] bf16 [R, n] = a[seg] bf16 [R, k] @ b[e]^T, b bf16 [E, n, k]
+kind 1: d[seg] fp32 [R, n] = a[seg] @ b[e], b bf16 [E, k, n]
+kind 2: d[seg] bf16 = c[seg] fp32 + a[seg] @ b[e]
+kind 3: d[e] bf16 [k, n] = a[seg]^T @ b[seg], a bf16 [rows, k], b bf16 [rows, n]; zeros if R = 0
+kinds 0-2 also zero d's rows from sum(rows) to total_rows (0 = leave them).
+A second operand set (a2, b2, c2, d2; all 0 if unused) runs in the same launch. n and k must be
+multiples of 8 and every address 16-byte aligned.)doc");
+}
+
+}  // namespace mok::api

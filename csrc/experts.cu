@@ -1,0 +1,183 @@
+// The expert elementwise kernels: SwiGLU forward and backward, router-weight row scaling.
+//
+// Each row is handled by one CTA in 16-byte vectors (8 bf16): a CTA past the used rows writes
+// zeros and leaves. The backward's row sum (the router-weight gradient) is reduced in a fixed
+// order -- each thread's columns in order, then a fixed tree -- so it is bitwise reproducible.
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "experts.h"
+
+namespace mok::experts {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kVector = 8;  // bf16 per 16 bytes
+
+struct Bf16x8 {
+  uint4 raw;
+  __device__ float get(int i) const {
+    const auto* h = reinterpret_cast<const __nv_bfloat16*>(&raw);
+    return __bfloat162float(h[i]);
+  }
+  __device__ void set(int i, float v) {
+    auto* h = reinterpret_cast<__nv_bfloat16*>(&raw);
+    h[i] = __float2bfloat16_rn(v);
+  }
+};
+
+__device__ Bf16x8 load8(const void* base, int64_t index) {
+  return {reinterpret_cast<const uint4*>(base)[index]};
+}
+
+__device__ void store8(void* base, int64_t index, const Bf16x8& v) {
+  reinterpret_cast<uint4*>(base)[index] = v.raw;
+}
+
+__device__ void zero_row(void* base, int64_t row, int64_t vectors) {
+  auto* out = reinterpret_cast<uint4*>(base) + row * vectors;
+  for (int64_t v = threadIdx.x; v < vectors; v += blockDim.x) out[v] = make_uint4(0, 0, 0, 0);
+}
+
+// True for this CTA's row past the used rows, after zeroing the row in every output.
+template <class... Outputs>
+__device__ bool past_used_rows(const int32_t* num_tokens, int64_t vectors, Outputs*... outputs) {
+  const int64_t row = blockIdx.x;
+  if (row < *num_tokens) return false;
+  (zero_row(outputs, row, vectors), ...);
+  return true;
+}
+
+// torch's F.silu(x) = x / (1 + exp(-x)) and sigmoid(x) = 1 / (1 + exp(-x)), in fp32.
+__device__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+__device__ float clamp_gate(float g, bool has_limit, float limit) {
+  return has_limit ? fminf(g, limit) : g;
+}
+
+__device__ float clamp_up(float u, bool has_limit, float limit) {
+  return has_limit ? fminf(fmaxf(u, -limit), limit) : u;
+}
+
+__global__ void swiglu_kernel(SwigluArgs args) {
+  const int64_t row = blockIdx.x;
+  const int64_t vectors = args.inter / kVector;
+  if (past_used_rows(args.num_tokens, vectors, args.hidden)) return;
+  for (int64_t v = threadIdx.x; v < vectors; v += blockDim.x) {
+    const int64_t index = row * vectors + v;
+    const Bf16x8 gate = load8(args.gate, index);
+    const Bf16x8 up = load8(args.up, index);
+    Bf16x8 hidden;
+    for (int i = 0; i < kVector; ++i) {
+      const float g = clamp_gate(gate.get(i), args.has_limit, args.limit);
+      const float u = clamp_up(up.get(i), args.has_limit, args.limit);
+      hidden.set(i, __fmul_rn(__fdiv_rn(g, 1.0f + expf(-g)), u));
+    }
+    store8(args.hidden, index, hidden);
+  }
+}
+
+// Fixed-order block sum: shared-memory tree over kThreads partial sums.
+__device__ float block_sum(float value, float* scratch) {
+  scratch[threadIdx.x] = value;
+  __syncthreads();
+  for (int width = kThreads / 2; width > 0; width /= 2) {
+    if (threadIdx.x < width) scratch[threadIdx.x] += scratch[threadIdx.x + width];
+    __syncthreads();
+  }
+  return scratch[0];
+}
+
+struct SwigluGrad {
+  float d_gate, d_up;
+};
+
+// The reference's swiglu_backward for one element, given the scaled gradient rw * d_h.
+__device__ SwigluGrad swiglu_grad(float d_scaled, float gate, float up, bool has_limit,
+                                  float limit) {
+  const float g = clamp_gate(gate, has_limit, limit);
+  const float u = clamp_up(up, has_limit, limit);
+  const float sig = sigmoid(g);
+  const float slope = __fmul_rn(sig, __fadd_rn(1.0f, __fmul_rn(g, __fsub_rn(1.0f, sig))));
+  float d_gate = __fmul_rn(__fmul_rn(d_scaled, u), slope);
+  float d_up = __fmul_rn(__fmul_rn(d_scaled, g), sig);
+  if (has_limit) {
+    d_gate = gate <= limit ? d_gate : 0.0f;
+    d_up = fabsf(up) <= limit ? d_up : 0.0f;
+  }
+  return {d_gate, d_up};
+}
+
+__global__ void swiglu_backward_kernel(SwigluBackwardArgs args) {
+  __shared__ float scratch[kThreads];
+  const int64_t row = blockIdx.x;
+  const int64_t vectors = args.inter / kVector;
+  if (past_used_rows(args.num_tokens, vectors, args.d_gate, args.d_up, args.d_hidden)) {
+    if (threadIdx.x == 0) args.d_router_weight[row] = 0.0f;
+    return;
+  }
+  const float rw = args.router_weight[row];
+  float dot = 0.0f;
+  for (int64_t v = threadIdx.x; v < vectors; v += blockDim.x) {
+    const int64_t index = row * vectors + v;
+    const float4* d_h = reinterpret_cast<const float4*>(args.d_h) + 2 * index;
+    const float4 lo = d_h[0], hi = d_h[1];
+    const float dh[kVector] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    const Bf16x8 gate = load8(args.gate, index);
+    const Bf16x8 up = load8(args.up, index);
+    const Bf16x8 hidden = load8(args.hidden, index);
+    Bf16x8 d_gate, d_up, d_hidden;
+    for (int i = 0; i < kVector; ++i) {
+      dot = __fadd_rn(dot, __fmul_rn(dh[i], hidden.get(i)));
+      const float scaled = __fmul_rn(rw, dh[i]);
+      const SwigluGrad grad = swiglu_grad(scaled, gate.get(i), up.get(i), args.has_limit,
+                                          args.limit);
+      d_gate.set(i, grad.d_gate);
+      d_up.set(i, grad.d_up);
+      d_hidden.set(i, scaled);
+    }
+    store8(args.d_gate, index, d_gate);
+    store8(args.d_up, index, d_up);
+    store8(args.d_hidden, index, d_hidden);
+  }
+  const float total = block_sum(dot, scratch);
+  if (threadIdx.x == 0) args.d_router_weight[row] = total;
+}
+
+__global__ void scale_rows_kernel(ScaleRowsArgs args) {
+  const int64_t row = blockIdx.x;
+  const int64_t vectors = args.cols / kVector;
+  if (past_used_rows(args.num_tokens, vectors, args.out)) return;
+  const float weight = args.weight[row];
+  for (int64_t v = threadIdx.x; v < vectors; v += blockDim.x) {
+    const Bf16x8 x = load8(args.x, row * vectors + v);
+    Bf16x8 out;
+    for (int i = 0; i < kVector; ++i) out.set(i, __fmul_rn(weight, x.get(i)));
+    store8(args.out, row * vectors + v, out);
+  }
+}
+
+// One CTA per row.
+template <class Args>
+cudaError_t launch_rows(void (*kernel)(Args), const Args& args, cudaStream_t stream) {
+  if (args.rows == 0) return cudaSuccess;
+  kernel<<<static_cast<unsigned>(args.rows), kThreads, 0, stream>>>(args);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t launch_swiglu(const SwigluArgs& args, cudaStream_t stream) {
+  return launch_rows(swiglu_kernel, args, stream);
+}
+
+cudaError_t launch_swiglu_backward(const SwigluBackwardArgs& args, cudaStream_t stream) {
+  return launch_rows(swiglu_backward_kernel, args, stream);
+}
+
+cudaError_t launch_scale_rows(const ScaleRowsArgs& args, cudaStream_t stream) {
+  return launch_rows(scale_rows_kernel, args, stream);
+}
+
+}  // namespace mok::experts

@@ -1,0 +1,58 @@
+// Host entry points of the expert elementwise kernels (defined in experts.cu): the SwiGLU
+// forward, its backward with the router-weight gradient, and the router-weight row scaling.
+//
+// They run over the schedule's routed rows and read the padded row count (`num_tokens`) on the
+// device: rows past it are written as zeros and cost no arithmetic, so a buffer sized for the
+// worst case costs only what the step uses. Every value is computed in fp32 and rounded once
+// where it is stored, in the order mok.backends.reference_experts spells out.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace mok::experts {
+
+struct SwigluArgs {
+  const void* gate = nullptr;        // bf16 [rows, inter]
+  const void* up = nullptr;          // bf16 [rows, inter]
+  void* hidden = nullptr;            // bf16 [rows, inter] out
+  const int32_t* num_tokens = nullptr;  // [1] used rows (device)
+  int64_t rows = 0;
+  int64_t inter = 0;  // a multiple of 8
+  bool has_limit = false;
+  float limit = 0.0f;  // SwiGLU clamp L: silu(min(g, L)) * clamp(u, -L, L)
+};
+
+struct SwigluBackwardArgs {
+  const float* d_h = nullptr;        // fp32 [rows, inter]: d_out @ W_down (unscaled)
+  const float* router_weight = nullptr;  // fp32 [rows]
+  const void* gate = nullptr;        // bf16 [rows, inter]
+  const void* up = nullptr;          // bf16 [rows, inter]
+  const void* hidden = nullptr;      // bf16 [rows, inter]
+  void* d_gate = nullptr;            // bf16 [rows, inter] out
+  void* d_up = nullptr;              // bf16 [rows, inter] out
+  void* d_hidden = nullptr;          // bf16 [rows, inter] out: rw * d_h
+  float* d_router_weight = nullptr;  // fp32 [rows] out: sum_i d_h * hidden
+  const int32_t* num_tokens = nullptr;
+  int64_t rows = 0;
+  int64_t inter = 0;
+  bool has_limit = false;
+  float limit = 0.0f;
+};
+
+struct ScaleRowsArgs {
+  const void* x = nullptr;           // bf16 [rows, cols]
+  const float* weight = nullptr;     // fp32 [rows]
+  void* out = nullptr;               // bf16 [rows, cols] out: weight[r] * x[r]
+  const int32_t* num_tokens = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;  // a multiple of 8
+};
+
+// Each enqueues one kernel on `stream` and returns the launch status (never synchronises).
+cudaError_t launch_swiglu(const SwigluArgs& args, cudaStream_t stream);
+cudaError_t launch_swiglu_backward(const SwigluBackwardArgs& args, cudaStream_t stream);
+cudaError_t launch_scale_rows(const ScaleRowsArgs& args, cudaStream_t stream);
+
+}  // namespace mok::experts

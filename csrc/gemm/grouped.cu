@@ -1,0 +1,54 @@
+// Dispatch from a runtime Kind to the GEMM compiled for it (sm_90a modules only).
+#include "gemm/grouped.h"
+
+#if defined(MOK_ARCH_sm_90a)
+#include "gemm/grouped_kernel.cuh"
+#endif
+
+namespace mok::gemm {
+
+#if defined(MOK_ARCH_sm_90a)
+
+bool available() { return true; }
+
+namespace {
+
+struct KindEntry {
+  cudaError_t (*launch)(const GroupedArgs&, cudaStream_t);
+  size_t (*scratch)(int, int);
+};
+
+template <Kind kKind>
+constexpr KindEntry entry() {
+  return {&detail::launch_kind<kKind>, &detail::scratch_kind<kKind>};
+}
+
+// Indexed by Kind; the binding has checked the value.
+constexpr KindEntry kEntries[kKinds] = {
+    entry<Kind::kLinear>(),
+    entry<Kind::kLinearTransposed>(),
+    entry<Kind::kLinearTransposedAccumulate>(),
+    entry<Kind::kWeightGrad>(),
+};
+
+}  // namespace
+
+size_t scratch_bytes(Kind kind, int groups, int sm_count) {
+  return kEntries[static_cast<int>(kind)].scratch(groups, sm_count);
+}
+
+cudaError_t launch_grouped(const GroupedArgs& args, cudaStream_t stream) {
+  return kEntries[static_cast<int>(args.kind)].launch(args, stream);
+}
+
+#else  // Blackwell modules: the TMA + wgmma kernels are Hopper-only; torch serves instead.
+
+bool available() { return false; }
+
+size_t scratch_bytes(Kind, int, int) { return 0; }
+
+cudaError_t launch_grouped(const GroupedArgs&, cudaStream_t) { return cudaErrorNotSupported; }
+
+#endif
+
+}  // namespace mok::gemm

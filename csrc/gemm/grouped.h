@@ -1,0 +1,62 @@
+// Host entry points of mok's grouped expert GEMMs (Hopper TMA + wgmma, CUTLASS 3 collectives).
+//
+// Every GEMM runs over the schedule's expert segments: `rows[g]` consecutive routed rows per
+// local expert (multiples of 256, read on the device), so a launch needs no host sync. One
+// launch may cover two operand sets (gate and up): groups = sets * experts.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace mok::gemm {
+
+// What each group computes (R = the segment's rows, e = the local expert, rows from row0):
+enum class Kind : int {
+  // D[row0:, :N] (bf16) = A[row0:, :K] @ B[e]^T; A bf16 [rows, K], B bf16 [E, N, K].
+  kLinear = 0,
+  // D (fp32) = A[row0:, :K] @ B[e]; A bf16 [rows, K], B bf16 [E, K, N].
+  kLinearTransposed = 1,
+  // D (bf16) = C (fp32) + A[row0:, :K] @ B[e]; the second half of a two-term dgrad.
+  kLinearTransposedAccumulate = 2,
+  // D[e] (fp32 [M, N]) = A[row0:row0+R, :M]^T @ B[row0:row0+R, :N]; empty experts get zeros.
+  kWeightGrad = 3,
+};
+
+constexpr int kKinds = 4;
+constexpr int kMaxSets = 2;
+
+struct OperandSet {
+  const void* a = nullptr;
+  const void* b = nullptr;
+  const void* c = nullptr;  // kLinearTransposedAccumulate only
+  void* d = nullptr;
+};
+
+struct GroupedArgs {
+  Kind kind = Kind::kLinear;
+  OperandSet sets[kMaxSets];
+  int num_sets = 1;
+  const int32_t* rows = nullptr;  // [experts] padded rows per expert (device)
+  int experts = 0;
+  int64_t n = 0;  // output columns
+  int64_t k = 0;  // reduction length (kLinear*) / output rows M (kWeightGrad)
+  // kLinear*: rows of D; rows past the last segment (sum(rows)) are set to zero, so a routed
+  // buffer holds no stale values past the schedule.
+  int64_t total_rows = 0;
+  int sm_count = 0;  // persistent CTAs; 0 = every SM of the device
+  void* scratch = nullptr;  // device bytes for the group tables and CUTLASS's workspace
+  size_t scratch_bytes = 0;
+};
+
+// False in modules built for other architectures (the callers fall back to torch).
+bool available();
+
+// Scratch bytes a launch of `kind` over `groups` groups needs with `sm_count` persistent CTAs (host only, no CUDA call).
+size_t scratch_bytes(Kind kind, int groups, int sm_count);
+
+// Enqueues the group-table kernel and the GEMM on `stream`; never synchronises.
+cudaError_t launch_grouped(const GroupedArgs& args, cudaStream_t stream);
+
+}  // namespace mok::gemm

@@ -1,0 +1,151 @@
+// One CUTLASS 3 grouped GEMM per Kind: Hopper TMA loads, wgmma in two consumer warpgroups, a
+// persistent group tile scheduler (KernelPtrArrayTmaWarpSpecializedCooperative), 128x256x64
+// tiles in 2x1 clusters -- the configuration torch._grouped_mm picks for large problems.
+//
+// The per-group problem shapes, operand addresses and strides are written by `fill_tables`
+// on the stream from the device-resident segment sizes, so the host never reads them. Each
+// output tile is computed by one CTA with a fixed K order: results do not depend on which CTA
+// ran it, so repeated launches are bitwise identical.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/dispatch_policy.hpp"
+#include "cutlass/gemm/group_array_problem_shape.hpp"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "gemm/grouped.h"
+#include "gemm/tables.cuh"
+
+namespace mok::gemm::detail {
+
+// LayoutA/LayoutB in CUTLASS's terms: A is M x K (RowMajor = K contiguous), B is K x N
+// (ColumnMajor = K contiguous). ElementC = void: no source term.
+template <Kind kKind, class LayoutA, class LayoutB, class ElementC, class ElementD>
+struct GroupedGemm {
+  static constexpr Kind kind = kKind;
+  using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
+  using Element = cutlass::bfloat16_t;
+  using Accumulator = float;
+  using TileShape = cute::Shape<cute::_128, cute::_256, cute::_64>;
+  using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
+  static constexpr int kAlignment = 16 / sizeof(Element);
+  static constexpr int kAlignmentD = 16 / sizeof(ElementD);
+  static constexpr int kAlignmentC = [] {
+    if constexpr (std::is_void_v<ElementC>) {
+      return kAlignmentD;
+    } else {
+      return static_cast<int>(16 / sizeof(ElementC));
+    }
+  }();
+
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, Accumulator, Accumulator, ElementC,
+      cutlass::layout::RowMajor*, kAlignmentC, ElementD, cutlass::layout::RowMajor*, kAlignmentD,
+      cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+      cutlass::epilogue::fusion::LinearCombination<ElementD, Accumulator, ElementC,
+                                                   Accumulator>>::CollectiveOp;
+
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA*, kAlignment,
+      Element, LayoutB*, kAlignment, Accumulator, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename Epilogue::SharedStorage))>,
+      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
+
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
+  using Device = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+  using Tables = GroupTables<ProblemShape::UnderlyingProblemShape, Element, ElementC, ElementD, typename Kernel::InternalStrideA,
+                             typename Kernel::InternalStrideB, typename Kernel::InternalStrideC,
+                             typename Kernel::InternalStrideD>;
+
+  static typename Device::Arguments arguments(const Tables& tables, int groups, int device,
+                                              int sm_count) {
+    cutlass::KernelHardwareInfo hw_info;
+    hw_info.device_id = device;
+    hw_info.sm_count = sm_count;
+    typename Device::Arguments args{
+        cutlass::gemm::GemmUniversalMode::kGrouped,
+        {groups, tables.shapes, nullptr},
+        {tables.a, tables.stride_a, tables.b, tables.stride_b},
+        {{}, tables.c, tables.stride_c, tables.d, tables.stride_d},
+        hw_info};
+    auto& fusion = args.epilogue.thread;
+    fusion.alpha = 1.0f;
+    fusion.beta = std::is_void_v<ElementC> ? 0.0f : 1.0f;
+    fusion.alpha_ptr = nullptr;
+    fusion.beta_ptr = nullptr;
+    fusion.alpha_ptr_array = nullptr;
+    fusion.beta_ptr_array = nullptr;
+    fusion.dAlpha = {cute::_0{}, cute::_0{}, 0};
+    fusion.dBeta = {cute::_0{}, cute::_0{}, 0};
+    return args;
+  }
+
+  static size_t scratch_bytes(int groups, int sm_count) {
+    const size_t table_bytes = Tables::bytes(groups);
+    Tables placeholder = Tables::carve(nullptr, groups);
+    return table_bytes + Device::get_workspace_size(arguments(placeholder, groups, 0, sm_count));
+  }
+
+  static cudaError_t launch(const GroupedArgs& args, cudaStream_t stream) {
+    const int groups = args.num_sets * args.experts;
+    int device = 0;
+    cudaError_t status = cudaGetDevice(&device);
+    if (status != cudaSuccess) return status;
+    int sm_count = args.sm_count;
+    if (sm_count <= 0) {
+      status = cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device);
+      if (status != cudaSuccess) return status;
+    }
+    if (scratch_bytes(groups, sm_count) > args.scratch_bytes) return cudaErrorInvalidValue;
+    Tables tables = Tables::carve(args.scratch, groups);
+    status = fill_tables<kKind>(args, tables, stream);
+    if (status != cudaSuccess) return status;
+    Device gemm;
+    auto gemm_args = arguments(tables, groups, device, sm_count);
+    void* workspace = static_cast<char*>(args.scratch) + Tables::bytes(groups);
+    if (gemm.can_implement(gemm_args) != cutlass::Status::kSuccess) return cudaErrorInvalidValue;
+    if (gemm.initialize(gemm_args, workspace, stream) != cutlass::Status::kSuccess) {
+      return cudaErrorInvalidValue;
+    }
+    if (gemm.run(stream) != cutlass::Status::kSuccess) {
+      const cudaError_t error = cudaGetLastError();
+      return error == cudaSuccess ? cudaErrorLaunchFailure : error;
+    }
+    return cudaGetLastError();
+  }
+};
+
+}  // namespace mok::gemm::detail
+
+namespace mok::gemm::detail {
+
+template <Kind kKind>
+cudaError_t launch_kind(const GroupedArgs& args, cudaStream_t stream);
+template <Kind kKind>
+size_t scratch_kind(int groups, int sm_count);
+
+}  // namespace mok::gemm::detail
+
+// Instantiates one Kind's GEMM in its own translation unit (they compile in parallel).
+#define MOK_DEFINE_GROUPED_KIND(KIND, LAYOUT_A, LAYOUT_B, ELEMENT_C, ELEMENT_D)                  \
+  namespace mok::gemm::detail {                                                                  \
+  using Gemm##KIND = GroupedGemm<Kind::KIND, LAYOUT_A, LAYOUT_B, ELEMENT_C, ELEMENT_D>;           \
+  template <>                                                                                    \
+  cudaError_t launch_kind<Kind::KIND>(const GroupedArgs& args, cudaStream_t stream) {            \
+    return Gemm##KIND::launch(args, stream);                                                     \
+  }                                                                                              \
+  template <>                                                                                    \
+  size_t scratch_kind<Kind::KIND>(int groups, int sm_count) {                                    \
+    return Gemm##KIND::scratch_bytes(groups, sm_count);                                          \
+  }                                                                                              \
+  }

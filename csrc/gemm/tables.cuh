@@ -1,0 +1,174 @@
+// The per-group tables a CUTLASS grouped GEMM reads (problem shapes, operand addresses, strides),
+// written on the device from the schedule's segment sizes so the host never sees them.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cute/tensor.hpp"
+#include "gemm/grouped.h"
+
+namespace mok::gemm::detail {
+
+constexpr size_t kTableAlignment = 128;
+constexpr int kMaxGroups = 1024;  // one thread per group in fill_tables
+
+inline __host__ __device__ size_t round_up(size_t bytes) {
+  return (bytes + kTableAlignment - 1) / kTableAlignment * kTableAlignment;
+}
+
+template <class Shape, class Element, class ElementC, class ElementD, class StrideA, class StrideB,
+          class StrideC, class StrideD>
+struct GroupTables {
+  Shape* shapes;
+  const Element** a;
+  const Element** b;
+  const ElementC** c;
+  ElementD** d;
+  StrideA* stride_a;
+  StrideB* stride_b;
+  StrideC* stride_c;
+  StrideD* stride_d;
+
+  static size_t bytes(int groups) {
+    const size_t g = static_cast<size_t>(groups);
+    return round_up(g * sizeof(Shape)) + 4 * round_up(g * sizeof(void*)) +
+           round_up(g * sizeof(StrideA)) + round_up(g * sizeof(StrideB)) +
+           round_up(g * sizeof(StrideC)) + round_up(g * sizeof(StrideD));
+  }
+
+  // Lays the tables out back to back from `base` (which may be null to size them).
+  static GroupTables carve(void* base, int groups) {
+    char* cursor = static_cast<char*>(base);
+    const size_t g = static_cast<size_t>(groups);
+    auto take = [&](size_t element_bytes) {
+      char* here = cursor;
+      cursor += round_up(g * element_bytes);
+      return here;
+    };
+    GroupTables t;
+    t.shapes = reinterpret_cast<Shape*>(take(sizeof(Shape)));
+    t.a = reinterpret_cast<const Element**>(take(sizeof(void*)));
+    t.b = reinterpret_cast<const Element**>(take(sizeof(void*)));
+    t.c = reinterpret_cast<const ElementC**>(take(sizeof(void*)));
+    t.d = reinterpret_cast<ElementD**>(take(sizeof(void*)));
+    t.stride_a = reinterpret_cast<StrideA*>(take(sizeof(StrideA)));
+    t.stride_b = reinterpret_cast<StrideB*>(take(sizeof(StrideB)));
+    t.stride_c = reinterpret_cast<StrideC*>(take(sizeof(StrideC)));
+    t.stride_d = reinterpret_cast<StrideD*>(take(sizeof(StrideD)));
+    return t;
+  }
+};
+
+// A packed stride: exactly one mode of (outer, inner, batch) is dynamic besides the batch.
+template <class Stride>
+__device__ Stride leading_stride(int64_t leading) {
+  Stride stride{};
+  if constexpr (cute::is_static<decltype(cute::get<0>(stride))>::value) {
+    cute::get<1>(stride) = leading;
+  } else {
+    cute::get<0>(stride) = leading;
+  }
+  return stride;
+}
+
+// Group g = set * experts + e. Segment e starts at row0 = sum(rows[:e]).
+template <Kind kKind, class Tables>
+__global__ void fill_tables_kernel(GroupedArgs args, Tables tables) {
+  const int g = static_cast<int>(threadIdx.x);
+  if (g >= args.num_sets * args.experts) return;
+  const int set = g / args.experts;
+  const int e = g % args.experts;
+  int64_t row0 = 0;
+  for (int j = 0; j < e; ++j) row0 += args.rows[j];
+  const int rows = args.rows[e];
+  const OperandSet& s = args.sets[set];
+  using Element = std::remove_cv_t<std::remove_pointer_t<std::remove_pointer_t<decltype(tables.a)>>>;
+  using ElementC = std::remove_cv_t<std::remove_pointer_t<std::remove_pointer_t<decltype(tables.c)>>>;
+  using ElementD = std::remove_pointer_t<std::remove_pointer_t<decltype(tables.d)>>;
+  const auto* a = static_cast<const Element*>(s.a);
+  const auto* b = static_cast<const Element*>(s.b);
+  auto* d = static_cast<ElementD*>(s.d);
+  const int64_t n = args.n;
+  const int64_t k = args.k;
+  using StrideA = std::remove_pointer_t<decltype(tables.stride_a)>;
+  using StrideB = std::remove_pointer_t<decltype(tables.stride_b)>;
+  using StrideC = std::remove_pointer_t<decltype(tables.stride_c)>;
+  using StrideD = std::remove_pointer_t<decltype(tables.stride_d)>;
+  if constexpr (kKind == Kind::kWeightGrad) {
+    // M = k (output rows), N = n, K = the segment: A = a^T (M contiguous), B = b (N contiguous).
+    // An empty segment gets no tiles (M = 0); zero_empty_experts writes its zeros.
+    tables.shapes[g] = {rows > 0 ? static_cast<int>(k) : 0, static_cast<int>(n), rows};
+    tables.a[g] = a + row0 * k;
+    tables.b[g] = b + row0 * n;
+    tables.d[g] = d + e * k * n;
+    tables.stride_a[g] = leading_stride<StrideA>(k);
+    tables.stride_b[g] = leading_stride<StrideB>(n);
+  } else {
+    tables.shapes[g] = {rows, static_cast<int>(n), static_cast<int>(k)};
+    tables.a[g] = a + row0 * k;
+    tables.b[g] = b + e * n * k;
+    tables.d[g] = d + row0 * n;
+    tables.stride_a[g] = leading_stride<StrideA>(k);
+    // kLinear: B[e] is [N, K] (K contiguous); the transposed kinds: [K, N] (N contiguous).
+    tables.stride_b[g] = leading_stride<StrideB>(kKind == Kind::kLinear ? k : n);
+  }
+  if constexpr (std::is_void_v<ElementC>) {
+    tables.c[g] = nullptr;  // no source term
+  } else {
+    tables.c[g] = static_cast<const ElementC*>(s.c) + row0 * n;
+  }
+  tables.stride_c[g] = leading_stride<StrideC>(n);
+  tables.stride_d[g] = leading_stride<StrideD>(n);
+}
+
+// Weight gradients of experts without rows are exactly zero (the GEMM gives them no tiles).
+template <class ElementD>
+__global__ void zero_empty_experts_kernel(GroupedArgs args) {
+  const int g = static_cast<int>(blockIdx.y);
+  const int e = g % args.experts;
+  if (args.rows[e] != 0) return;
+  auto* d = static_cast<ElementD*>(args.sets[g / args.experts].d) + e * args.k * args.n;
+  const int64_t count = args.k * args.n;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += stride) {
+    d[i] = ElementD(0.0f);
+  }
+}
+
+// Zeroes D rows [sum(rows), total_rows) of every operand set, in 16-byte vectors.
+static __global__ void zero_tail_kernel(GroupedArgs args, int64_t row_bytes) {
+  __shared__ int64_t used_rows;
+  if (threadIdx.x == 0) {
+    int64_t used = 0;
+    for (int e = 0; e < args.experts; ++e) used += args.rows[e];
+    used_rows = used;
+  }
+  __syncthreads();
+  const int64_t first = used_rows * row_bytes / 16;
+  const int64_t end = args.total_rows * row_bytes / 16;
+  auto* d = static_cast<uint4*>(args.sets[blockIdx.y].d);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = first + blockIdx.x * blockDim.x + threadIdx.x; i < end; i += stride) {
+    d[i] = make_uint4(0, 0, 0, 0);
+  }
+}
+
+template <Kind kKind, class Tables>
+cudaError_t fill_tables(const GroupedArgs& args, const Tables& tables, cudaStream_t stream) {
+  const int groups = args.num_sets * args.experts;
+  fill_tables_kernel<kKind><<<1, kMaxGroups, 0, stream>>>(args, tables);
+  if constexpr (kKind == Kind::kWeightGrad) {
+    using ElementD = std::remove_pointer_t<std::remove_pointer_t<decltype(tables.d)>>;
+    zero_empty_experts_kernel<ElementD><<<dim3(64, groups), 256, 0, stream>>>(args);
+  } else if (args.total_rows > 0) {
+    using ElementD = std::remove_pointer_t<std::remove_pointer_t<decltype(tables.d)>>;
+    const int64_t row_bytes = args.n * static_cast<int64_t>(sizeof(ElementD));
+    zero_tail_kernel<<<dim3(132, args.num_sets), 256, 0, stream>>>(args, row_bytes);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace mok::gemm::detail

@@ -1,0 +1,67 @@
+"""The expert elementwise kernels (csrc/experts.cu) on the schedule's routed rows.
+
+Each touches only the rows the schedule uses (`num_tokens`, read on the device) and writes zeros
+past them, computing in fp32 and rounding once where it stores, as the reference does.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mok import _extension
+
+_BF16 = torch.bfloat16
+
+
+def _bf16(t: torch.Tensor) -> torch.Tensor:
+    return _extension.aligned(t.to(_BF16))
+
+
+def _launch(kernel: str, tensors: dict[str, torch.Tensor], **scalars) -> None:
+    """`kernel` with each tensor passed as its device address."""
+    device = next(iter(tensors.values())).device
+    addresses = {name: t.data_ptr() for name, t in tensors.items()}
+    _extension.launch(device, kernel, **addresses, **scalars)
+
+
+def _limit(limit: float | None) -> dict:
+    return {"has_limit": limit is not None, "limit": 0.0 if limit is None else float(limit)}
+
+
+def swiglu(gate, up, num_tokens: torch.Tensor, limit: float | None) -> torch.Tensor:
+    """bf16 silu(min(gate, L)) * clamp(up, -L, L) of bf16 [R, I] rows."""
+    gate, up = _bf16(gate), _bf16(up)
+    hidden = torch.empty_like(gate)
+    tensors = {"gate": gate, "up": up, "hidden": hidden, "num_tokens": num_tokens}
+    _launch("swiglu", tensors, rows=gate.shape[0], inter=gate.shape[1], **_limit(limit))
+    return hidden
+
+
+def swiglu_backward(d_h, router_weight, gate, up, hidden, num_tokens, limit: float | None):
+    """(d_router_weight fp32 [R], d_gate, d_up, d_hidden bf16 [R, I]) from fp32 d_h [R, I]."""
+    gate, up, hidden = _bf16(gate), _bf16(up), _bf16(hidden)
+    d_gate, d_up, d_hidden = (torch.empty_like(gate) for _ in range(3))
+    d_router_weight = torch.empty(gate.shape[0], dtype=torch.float32, device=gate.device)
+    tensors = {
+        "d_h": _extension.aligned(d_h.float()),
+        "router_weight": router_weight.float().contiguous(),
+        "gate": gate,
+        "up": up,
+        "hidden": hidden,
+        "d_gate": d_gate,
+        "d_up": d_up,
+        "d_hidden": d_hidden,
+        "d_router_weight": d_router_weight,
+        "num_tokens": num_tokens,
+    }
+    _launch("swiglu_backward", tensors, rows=gate.shape[0], inter=gate.shape[1], **_limit(limit))
+    return d_router_weight, d_gate, d_up, d_hidden
+
+
+def scale_rows(x: torch.Tensor, weight: torch.Tensor, num_tokens: torch.Tensor) -> torch.Tensor:
+    """bf16(weight[r] * x[r]) for bf16 x [R, C] and fp32 weight [R]."""
+    x = _bf16(x)
+    out = torch.empty_like(x)
+    tensors = {"x": x, "weight": weight.float().contiguous(), "out": out, "num_tokens": num_tokens}
+    _launch("scale_rows", tensors, rows=x.shape[0], cols=x.shape[1])
+    return out

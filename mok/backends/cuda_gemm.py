@@ -1,0 +1,131 @@
+"""mok's grouped expert GEMMs (csrc/gemm: CUTLASS TMA + wgmma kernels, sm_90a) on the schedule.
+
+Every GEMM runs over the schedule's expert segments: `rows[e]` (the schedule's padded
+`tokens_per_expert`, on the device) consecutive routed rows per local expert, so no launch reads
+a size on the host. Two operand sets of one shape (gate and up) share a launch. Modules built for
+other architectures have no such kernels (`available()` is False): callers use torch there.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+
+import torch
+
+from mok import _extension
+
+_BF16 = torch.bfloat16
+
+
+class Kind(enum.IntEnum):
+    LINEAR = 0  # bf16 a[seg] @ w[e]^T, w [E, N, K] -> bf16
+    LINEAR_TRANSPOSED = 1  # bf16 a[seg] @ w[e], w [E, K, N] -> fp32
+    LINEAR_ACCUMULATE = 2  # fp32 c[seg] + a[seg] @ w[e], w [E, K, N] -> bf16
+    WEIGHT_GRAD = 3  # a[seg]^T @ b[seg] per expert -> bf16 [E, Ka, Kb]
+
+
+def available(device: torch.device) -> bool:
+    """True when `device` is a GPU whose mok module carries the grouped GEMMs."""
+    if device.type != "cuda":
+        return False
+    try:
+        module = _extension.module_for_device(device)
+    except NotImplementedError:
+        return False
+    return bool(module.grouped_gemm_available())
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+@functools.cache
+def _scratch_bytes(device: torch.device, kind: Kind, groups: int) -> int:
+    module = _extension.module_for_device(device)
+    return int(module.grouped_gemm_scratch_bytes(int(kind), groups, _sm_count(device)))
+
+
+def _address(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.data_ptr()
+
+
+def _launch(kind: Kind, sets, rows: torch.Tensor, n: int, k: int, total_rows: int = 0) -> None:
+    """sets: one or two (a, b, c, d) tuples of contiguous 16-byte aligned tensors, c maybe None."""
+    device = rows.device
+    experts = rows.shape[0]
+    groups = len(sets) * experts
+    nbytes = _scratch_bytes(device, kind, groups)
+    scratch = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    first = sets[0]
+    second = sets[1] if len(sets) > 1 else (None, None, None, None)
+    _extension.launch(
+        device,
+        "grouped_gemm",
+        kind=int(kind),
+        a=_address(first[0]),
+        b=_address(first[1]),
+        c=_address(first[2]),
+        d=_address(first[3]),
+        a2=_address(second[0]),
+        b2=_address(second[1]),
+        c2=_address(second[2]),
+        d2=_address(second[3]),
+        rows=rows.data_ptr(),
+        experts=experts,
+        n=n,
+        k=k,
+        total_rows=total_rows,
+        sm_count=_sm_count(device),
+        scratch=scratch.data_ptr(),
+        scratch_bytes=nbytes,
+    )
+
+
+def _bf16(t: torch.Tensor) -> torch.Tensor:
+    return _extension.aligned(t.to(_BF16))
+
+
+def linear(a: torch.Tensor, weights: list[torch.Tensor], rows: torch.Tensor) -> list[torch.Tensor]:
+    """bf16 a [R, K] @ w[e]^T per segment for each w [E, N, K] (one launch) -> bf16 [R, N] each.
+
+    Rows past the last segment are zero.
+    """
+    a = _bf16(a)
+    weights = [_bf16(w) for w in weights]
+    outs = [a.new_empty((a.shape[0], w.shape[1])) for w in weights]
+    sets = [(a, w, None, out) for w, out in zip(weights, outs, strict=True)]
+    _launch(Kind.LINEAR, sets, rows, weights[0].shape[1], a.shape[1], a.shape[0])
+    return outs
+
+
+def linear_transposed(a: torch.Tensor, weight_t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """a [R, K] @ w[e] per segment for w [E, K, N] -> fp32 [R, N] (rows past the segments zero)."""
+    a, weight_t = _bf16(a), _bf16(weight_t)
+    out = a.new_empty((a.shape[0], weight_t.shape[2]), dtype=torch.float32)
+    _launch(Kind.LINEAR_TRANSPOSED, [(a, weight_t, None, out)], rows, out.shape[1], a.shape[1],
+            a.shape[0])  # fmt: skip
+    return out
+
+
+def linear_sum(terms, rows: torch.Tensor) -> torch.Tensor:
+    """Sum of a @ w[e] over two (a [R, K], w [E, K, N]) terms in fp32 -> bf16 [R, N]."""
+    (a1, w1), (a2, w2) = terms
+    partial = linear_transposed(a1, w1, rows)
+    a2, w2 = _bf16(a2), _bf16(w2)
+    out = a2.new_empty(partial.shape)
+    _launch(Kind.LINEAR_ACCUMULATE, [(a2, w2, partial, out)], rows, out.shape[1], a2.shape[1],
+            a2.shape[0])  # fmt: skip
+    return out
+
+
+def weight_grads(pairs, rows: torch.Tensor) -> list[torch.Tensor]:
+    """d_out[seg]^T @ a[seg] per expert for each (d_out [R, N], a [R, K]) pair of one shape
+    (one launch) -> bf16 [E, N, K] each; experts without rows get exact zeros."""
+    pairs = [(_bf16(d_out), _bf16(a)) for d_out, a in pairs]
+    n_out, k_in = pairs[0][0].shape[1], pairs[0][1].shape[1]
+    outs = [pairs[0][0].new_empty((rows.shape[0], n_out, k_in)) for _ in pairs]
+    sets = [(d_out, a, None, out) for (d_out, a), out in zip(pairs, outs, strict=True)]
+    _launch(Kind.WEIGHT_GRAD, sets, rows, k_in, n_out)
+    return outs

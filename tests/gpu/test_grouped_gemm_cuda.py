@@ -1,0 +1,150 @@
+"""mok's grouped expert GEMMs (mok.backends.cuda_gemm, csrc/gemm) against fp32 products per segment.
+
+One GPU, no process group. Segments follow the schedule's layout (rows per expert, read on the
+device), including empty experts, a single huge expert and sizes that are not tile multiples;
+outputs are poisoned with NaN before each launch so a row or expert the kernel skips shows.
+Fresh random data every run (seed printed; replay with MOK_TEST_SEED).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gpu_helpers import module_seed, requires_gpu_module
+
+from mok.backends import cuda_gemm
+
+pytestmark = [pytest.mark.gpu, requires_gpu_module()]
+
+# (rows per expert, K, N): the schedule pads to 256; the benchmarks also use ragged counts.
+CASES = [
+    ([256], 128, 256),
+    ([512, 0, 256, 768], 256, 136),
+    ([0, 0, 0], 128, 128),
+    ([2048, 256, 0, 1024], 1024, 512),
+    ([256, 256], 7168, 3072),
+    ([100, 0, 37, 301], 512, 384),
+]
+IDS = [f"rows{'-'.join(map(str, r))}-K{k}-N{n}" for r, k, n in CASES]
+
+
+seed = module_seed("grouped GEMM")
+
+
+@pytest.fixture(autouse=True)
+def _needs_kernels():
+    if not cuda_gemm.available(torch.device("cuda", 0)):
+        pytest.skip("this GPU's mok module has no grouped GEMMs (they are built for sm_90a)")
+
+
+def _randn(gen, *shape):
+    return torch.randn(shape, generator=gen, device="cuda").bfloat16()
+
+
+def _segments(rows):
+    starts = [sum(rows[:e]) for e in range(len(rows))]
+    return list(zip(starts, rows, strict=True))
+
+
+def _setup(case, seed, extra_rows=256):
+    rows, k, n = case
+    gen = torch.Generator(device="cuda").manual_seed(seed + hash(str(case)) % 100_000)
+    total = sum(rows) + extra_rows
+    counts = torch.tensor(rows, dtype=torch.int32, device="cuda")
+    return gen, counts, total, k, n
+
+
+def _poisoned(shape, dtype):
+    return torch.full(shape, float("nan"), dtype=dtype, device="cuda")
+
+
+def _close(got, ref):
+    """bf16/fp32 output vs the fp32 product: within bf16 rounding plus accumulation order."""
+    got = got.float()
+    scale = ref.abs().max().clamp_min(1e-6)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, ref, rtol=2**-7, atol=2e-3 * scale.item())
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_linear_two_sets_match_segment_products(case, seed):
+    gen, counts, total, k, n = _setup(case, seed)
+    a = _randn(gen, total, k)
+    w1, w2 = _randn(gen, len(case[0]), n, k), _randn(gen, len(case[0]), n, k)
+    outs = [_poisoned((total, n), torch.bfloat16) for _ in range(2)]
+    cuda_gemm._launch(
+        cuda_gemm.Kind.LINEAR, [(a, w1, None, outs[0]), (a, w2, None, outs[1])], counts, n, k,
+        total,
+    )  # fmt: skip
+    for w, out in zip((w1, w2), outs, strict=True):
+        ref = torch.zeros(total, n, device="cuda")
+        for e, (start, r) in enumerate(_segments(case[0])):
+            ref[start : start + r] = a[start : start + r].float() @ w[e].float().T
+        _close(out, ref)
+        assert (out[sum(case[0]) :] == 0).all(), "rows past the segments must be zeroed"
+    alone = cuda_gemm.linear(a, [w2], counts)[0]
+    assert torch.equal(alone, outs[1]), "a set's result must not depend on the launch's other set"
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_linear_transposed_and_sum(case, seed):
+    gen, counts, total, k, n = _setup(case, seed)
+    experts = len(case[0])
+    a1, a2 = _randn(gen, total, k), _randn(gen, total, k)
+    w1, w2 = _randn(gen, experts, k, n), _randn(gen, experts, k, n)
+    single = cuda_gemm.linear_transposed(a1, w1, counts)
+    summed = cuda_gemm.linear_sum([(a1, w1), (a2, w2)], counts)
+    ref1 = torch.zeros(total, n, device="cuda")
+    ref2 = torch.zeros(total, n, device="cuda")
+    for e, (start, r) in enumerate(_segments(case[0])):
+        ref1[start : start + r] = a1[start : start + r].float() @ w1[e].float()
+        ref2[start : start + r] = a2[start : start + r].float() @ w2[e].float()
+    assert single.dtype == torch.float32 and summed.dtype == torch.bfloat16
+    torch.testing.assert_close(single, ref1, rtol=1e-5, atol=1e-4 * ref1.abs().max().item())
+    _close(summed, ref1 + ref2)
+    assert (single[sum(case[0]) :] == 0).all() and (summed[sum(case[0]) :] == 0).all()
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_weight_grads_and_empty_experts(case, seed):
+    gen, counts, total, k, n = _setup(case, seed)
+    experts = len(case[0])
+    d1, d2, a = _randn(gen, total, n), _randn(gen, total, n), _randn(gen, total, k)
+    outs = [_poisoned((experts, n, k), torch.bfloat16) for _ in range(2)]
+    cuda_gemm._launch(
+        cuda_gemm.Kind.WEIGHT_GRAD, [(d1, a, None, outs[0]), (d2, a, None, outs[1])], counts, k, n
+    )
+    for d_out, out in zip((d1, d2), outs, strict=True):
+        for e, (start, r) in enumerate(_segments(case[0])):
+            if r == 0:
+                assert (out[e] == 0).all() and not torch.signbit(out[e]).any(), "empty expert"
+                continue
+            ref = d_out[start : start + r].float().T @ a[start : start + r].float()
+            _close(out[e], ref)
+
+
+def test_repeated_launches_are_bitwise_identical(seed):
+    gen, counts, total, k, n = _setup(CASES[3], seed)
+    a, w = _randn(gen, total, k), _randn(gen, len(CASES[3][0]), n, k)
+    d_out = _randn(gen, total, n)
+    first = (cuda_gemm.linear(a, [w], counts)[0], cuda_gemm.weight_grads([(d_out, a)], counts)[0])
+    for _ in range(4):
+        again = (
+            cuda_gemm.linear(a, [w], counts)[0],
+            cuda_gemm.weight_grads([(d_out, a)], counts)[0],
+        )
+        assert all(torch.equal(x, y) for x, y in zip(first, again, strict=True))
+
+
+def test_bad_arguments_raise_before_any_launch():
+    counts = torch.tensor([256], dtype=torch.int32, device="cuda")
+    a = torch.zeros(256, 100, dtype=torch.bfloat16, device="cuda")  # K = 100: not a multiple of 8
+    w = torch.zeros(1, 128, 100, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match="`k` must be a positive multiple of 8"):
+        cuda_gemm.linear(a, [w], counts)
+    a = torch.zeros(256, 128, dtype=torch.bfloat16, device="cuda")
+    out = torch.zeros(256, 128, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match="`c` must be 0"):
+        cuda_gemm._launch(cuda_gemm.Kind.LINEAR, [(a, w, out, out)], counts, 128, 128)
+    with pytest.raises(ValueError, match="`kind` must be in"):
+        cuda_gemm._launch(7, [(a, w, None, out)], counts, 128, 128)
