@@ -28,4 +28,18 @@ struct QuantizeArgs {
 // Enqueues the kernel on `stream`; returns the launch status (never synchronises).
 cudaError_t launch_quantize(const QuantizeArgs& args, cudaStream_t stream);
 
+// out (bf16 [rows, cols]) = bf16(e4m3 data * 2^(scale byte - 127)), the fp32 product rounded to
+// nearest even: what a bf16 GEMM reads for MXFP8 operands (exact wherever bf16 can hold it).
+// Blocks of 32 run along cols; scales are swizzled [rows/128, cols/128, 32, 16]; a scale byte of
+// 255 gives NaN. rows and cols are multiples of 128.
+struct DequantizeArgs {
+  const void* data = nullptr;
+  const void* scale = nullptr;
+  void* out = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+cudaError_t launch_dequantize(const DequantizeArgs& args, cudaStream_t stream);
+
 }  // namespace mok::mxfp8

@@ -73,6 +73,23 @@ inline void mxfp8_quantize(uintptr_t x, uintptr_t out, uintptr_t scale, uintptr_
              "mxfp8_quantize kernel launch");
 }
 
+inline void mxfp8_dequantize(uintptr_t data, uintptr_t scale, uintptr_t out, int64_t rows,
+                             int64_t cols, uintptr_t stream) {
+  checks::address("data", data, 16);
+  checks::address("scale", scale, 16);
+  checks::address("out", out, 16);
+  check_extent("rows", rows, mxfp8::kTile);
+  check_extent("cols", cols, mxfp8::kTile);
+  mxfp8::DequantizeArgs args;
+  args.data = reinterpret_cast<const void*>(data);
+  args.scale = reinterpret_cast<const void*>(scale);
+  args.out = reinterpret_cast<void*>(out);
+  args.rows = rows;
+  args.cols = cols;
+  check_cuda(mxfp8::launch_dequantize(args, reinterpret_cast<cudaStream_t>(stream)),
+             "mxfp8_dequantize kernel launch");
+}
+
 inline void bind_mxfp8(py::module_& m) {
   m.def("mxfp8_quantize", &mxfp8_quantize, py::arg("x"), py::arg("out"), py::arg("scale"),
         py::arg("out_t"), py::arg("scale_t"), py::arg("experts"), py::arg("rows"),
@@ -85,6 +102,12 @@ All buffers are device addresses (0 = layout not wanted), contiguous, 16-byte al
   out_t    fp8   [experts, cols, rows]       scale_t  uint8 [experts*cols/128, rows/128, 32, 16]
 rows and cols must be multiples of 128. Raises ValueError for bad arguments and RuntimeError
 for a CUDA error.)doc");
+  m.def("mxfp8_dequantize", &mxfp8_dequantize, py::arg("data"), py::arg("scale"), py::arg("out"),
+        py::arg("rows"), py::arg("cols"), py::arg("stream"),
+        R"doc(MXFP8 -> bf16 on `stream`: out = bf16(data * 2^(scale - 127)), rounded to nearest even.
+
+data fp8 [rows, cols] (blocks of 32 along cols), scale uint8 [rows/128, cols/128, 32, 16]
+swizzled, out bf16 [rows, cols]; rows and cols multiples of 128, addresses 16-byte aligned.)doc");
 }
 
 }  // namespace mok::api

@@ -72,5 +72,42 @@ def mxfp8_quantize(
     return x_fp8, x_sc, x_fp8_t, x_sc_t
 
 
+def mxfp8_dequantize(data: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """bf16 values of an MXFP8 pair as a bf16 GEMM reads them: bf16(data * 2^(scale - 127)),
+    i.e. `mok.mxfp8.dequantize(data, scales).to(torch.bfloat16)` bit for bit, in one pass.
+
+    `data` float8_e4m3fn `[R, C]` / `[E, R, C]` with blocks along C, `scales` uint8
+    `[E*R/128, C/128, 32, 16]` on the same CUDA device.
+    """
+    mxfp8_format._check_matrix("data", data, torch.float8_e4m3fn)
+    if not data.is_cuda:
+        raise ValueError(f"`data` must be on a CUDA device, got {data.device}")
+    rows, cols = data.numel() // data.shape[-1], data.shape[-1]
+    expected = [rows // 128, cols // 128, 32, 16]
+    if (
+        scales.dtype != torch.uint8
+        or list(scales.shape) != expected
+        or scales.device != data.device
+    ):
+        raise ValueError(
+            f"`scales` must be uint8 {expected} on {data.device} for `data` of shape "
+            f"{list(data.shape)}, got {scales.dtype} {list(scales.shape)} on {scales.device}"
+        )
+    data, scales = _extension.aligned(data), _extension.aligned(scales)
+    out = torch.empty(data.shape, dtype=torch.bfloat16, device=data.device)
+    if rows == 0:
+        return out
+    _extension.launch(
+        data.device,
+        "mxfp8_dequantize",
+        data=data.data_ptr(),
+        scale=scales.data_ptr(),
+        out=out.data_ptr(),
+        rows=rows,
+        cols=cols,
+    )
+    return out
+
+
 def _address(tensor: torch.Tensor | None) -> int:
     return 0 if tensor is None else tensor.data_ptr()

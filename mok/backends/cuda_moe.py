@@ -46,9 +46,8 @@ class GroupedGemms(ExpertEngine):
         d_t = d_out.to(torch.bfloat16).T
         return torch._grouped_mm(d_t, a.to(torch.bfloat16), offs=self.offsets).float()
 
-    @staticmethod
-    def quantize(t: torch.Tensor, normal: bool, transposed: bool):
-        return cuda.mxfp8_quantize(t, normal, transposed)
+    quantize = staticmethod(cuda.mxfp8_quantize)
+    dequantize = staticmethod(cuda.mxfp8_dequantize)  # bf16: what the GEMMs read
 
 
 class HopperGemms(ExpertEngine):
@@ -86,6 +85,7 @@ class HopperGemms(ExpertEngine):
         return cuda_experts.scale_rows(x, weight, self.num_tokens)
 
     quantize = staticmethod(cuda.mxfp8_quantize)
+    dequantize = staticmethod(cuda.mxfp8_dequantize)
 
 
 def _transposed_view(weight: torch.Tensor) -> bool:

@@ -62,7 +62,7 @@ class ExpertEngine:
     `quantize(t, normal, transposed)` (the MXFP8 quantizer) and `num_experts`. Engines with
     kernels of their own override the rest: `linears` (several weights, one A), `linear_sum`
     (two products summed in fp32), `weight_grads` (several gradients of one shape) and the
-    elementwise steps `swiglu`, `swiglu_backward` and `scale_rows`.
+    elementwise steps `swiglu`, `swiglu_backward`, `scale_rows` and `dequantize`.
     """
 
     num_experts: int
@@ -83,6 +83,11 @@ class ExpertEngine:
     @staticmethod
     def scale_rows(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return (weight[:, None] * x.float()).to(torch.bfloat16)
+
+    @staticmethod
+    def dequantize(data: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+        """An MXFP8 pair's values (fp32 here; engines whose GEMMs read bf16 may return bf16)."""
+        return mxfp8.dequantize(data, scales)
 
     def linears(self, a: torch.Tensor, weights) -> list[torch.Tensor]:
         return [self.linear(a, w) for w in weights]
@@ -139,18 +144,18 @@ def swiglu_backward(d_hidden, gate, up, limit: float | None):
 def mx_round(t: torch.Tensor, gemm) -> torch.Tensor:
     """The values an MXFP8 GEMM sees for `t` quantized along its last dim (fp32)."""
     data, scales, _, _ = gemm.quantize(t.to(torch.bfloat16), True, False)
-    return mxfp8.dequantize(data, scales)
+    return gemm.dequantize(data, scales)
 
 
 def mx_round_rows(t: torch.Tensor, gemm) -> torch.Tensor:
     """The values for `t` [R, C] quantized in blocks of 32 rows (the wgrad operands), fp32."""
     _, _, data_t, scales_t = gemm.quantize(t.to(torch.bfloat16), False, True)
-    return mxfp8.dequantize(data_t, scales_t).T
+    return gemm.dequantize(data_t, scales_t).T
 
 
-def _dequant(pair) -> torch.Tensor:
+def _dequant(pair, gemm) -> torch.Tensor:
     data, scales = pair
-    return mxfp8.dequantize(data, scales)
+    return gemm.dequantize(data, scales)
 
 
 def forward_bf16(x_rows, w_gate, w_up, w_down, gemm, limit):
@@ -168,9 +173,10 @@ def forward_mxfp8(x_rows, w_gate, w_up, w_down, gemm, limit):
     pairs (blocks along rows, for the weight gradients) and gate_q/up_q normal pairs.
     """
     xq = mx_round(x_rows, gemm)
-    gate, up = (t.to(torch.bfloat16) for t in gemm.linears(xq, (_dequant(w_gate), _dequant(w_up))))
+    weights = (_dequant(w_gate, gemm), _dequant(w_up, gemm))
+    gate, up = (t.to(torch.bfloat16) for t in gemm.linears(xq, weights))
     hidden = gemm.swiglu(gate, up, limit)
-    y = gemm.linear(mx_round(hidden, gemm), _dequant(w_down)).to(torch.bfloat16)
+    y = gemm.linear(mx_round(hidden, gemm), _dequant(w_down, gemm)).to(torch.bfloat16)
     x_t = gemm.quantize(x_rows, False, True)[2:]
     gate_q = gemm.quantize(gate, True, False)[:2]
     up_q = gemm.quantize(up, True, False)[:2]
@@ -196,17 +202,18 @@ def backward_mxfp8(d_out_rows, rw_rows, ctx, weights, gemm, limit):
     """
     x_t, gate_q, up_q, hidden_t = ctx
     (_, _, g_t, g_t_sc), (_, _, u_t, u_t_sc), down_t = weights
-    d_h = gemm.linear(mx_round(d_out_rows, gemm), _dequant(down_t))
-    x_rows = _dequant(x_t).T
-    hidden = _dequant(hidden_t).T
-    dense = (_dequant((g_t, g_t_sc)).transpose(1, 2), _dequant((u_t, u_t_sc)).transpose(1, 2), None)
+    d_h = gemm.linear(mx_round(d_out_rows, gemm), _dequant(down_t, gemm))
+    x_rows = _dequant(x_t, gemm).T
+    hidden = _dequant(hidden_t, gemm).T
+    dense = tuple(_dequant(pair, gemm).transpose(1, 2) for pair in ((g_t, g_t_sc), (u_t, u_t_sc)))
+    dense = (*dense, None)
     return _backward_tail(
         d_h,
         d_out_rows,
         rw_rows,
         x_rows,
-        _dequant(gate_q),
-        _dequant(up_q),
+        _dequant(gate_q, gemm),
+        _dequant(up_q, gemm),
         hidden,
         dense,
         gemm,

@@ -121,6 +121,32 @@ def test_backend_accepts_a_non_contiguous_input(seed):
 
 
 @requires_module
+@requires_module
+@pytest.mark.parametrize("special", [False, True], ids=["randn", "special-values"])
+@pytest.mark.parametrize("shape", [(128, 128), (384, 256), (2, 256, 512)], ids=str)
+def test_dequantize_matches_reference_bitwise(shape, special, seed):
+    """cuda.mxfp8_dequantize == bf16(mok.mxfp8.dequantize) for both layouts, with every scale
+    byte the quantizer writes, E4M3 subnormals and NaN; plus scale bytes 0 and 255 forced in."""
+    x = _random_bf16(shape, seed, special)
+    data, scales, data_t, scales_t = cuda_backend.mxfp8_quantize(x, True, True)
+    scales = scales.clone()
+    scales.view(-1)[:2] = torch.tensor([0, 255], dtype=torch.uint8)
+    for pair in ((data, scales), (data_t, scales_t)):
+        got = cuda_backend.mxfp8_dequantize(*pair)
+        want = mxfp8.dequantize(*pair).to(torch.bfloat16)
+        assert got.dtype == torch.bfloat16 and got.shape == pair[0].shape
+        nan = want.isnan()  # NaN payloads may differ; positions may not
+        assert torch.equal(got.isnan(), nan)
+        assert torch.equal(got.view(torch.int16)[~nan], want.view(torch.int16)[~nan])
+
+
+@requires_module
+def test_dequantize_rejects_mismatched_scales():
+    data = torch.zeros(256, 128, dtype=torch.float8_e4m3fn, device="cuda")
+    with pytest.raises(ValueError, match=r"`scales` must be uint8 \[2, 1, 32, 16\]"):
+        cuda_backend.mxfp8_dequantize(data, torch.zeros(1, 1, 32, 16, dtype=torch.uint8))
+
+
 def test_kernel_rejects_bad_arguments():
     module = _extension.module_for_device()
     x = torch.zeros(128, 128, dtype=torch.bfloat16, device="cuda")

@@ -44,6 +44,7 @@ EXTENSION_SOURCES = [
     "csrc/gemm/linear_transposed.cu",
     "csrc/gemm/weight_grad.cu",
     "csrc/mxfp8.cu",
+    "csrc/mxfp8_dequantize.cu",
     "csrc/schedule.cu",
 ]
 
