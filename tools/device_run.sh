@@ -71,6 +71,8 @@ for name in ("gpu", "multi_gpu"):
     summary[f"tests_{name}"] = {**counts, "failed": failed}
 demo = (out / "demo.txt").read_text().splitlines()
 summary["demo"] = [line for line in demo if line.startswith(("PASS", "FAIL"))]
+if len(summary["demo"]) < 2:  # one verdict per mode (bf16, mxfp8); a crash prints none
+    summary["demo"].append("FAIL: a demo run printed no verdict (traceback in demo.txt)")
 (out / "summary.json").write_text(json.dumps(summary, indent=2))
 print(json.dumps({k: v for k, v in summary.items() if k != "load"}, indent=2))
 PY
