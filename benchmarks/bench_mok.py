@@ -38,44 +38,58 @@ def _weight_forms(w: harness.Weights, mxfp8: bool) -> tuple[tuple, tuple]:
     return forward, backward
 
 
+class Step:
+    """One shape's workspace, weights and inputs, ready to time: `forward(index)` (schedule +
+    forward) and `backward(state)` for a state that `forward` returned."""
+
+    def __init__(self, d: harness.Dist, shape: harness.Shape, sets: list, *, mxfp8: bool):
+        self.sets = sets
+        self.config = F.MoKConfig(schedule_capacity_multiplier=capacity_multiplier(d.world))
+        self.ws = F.create_workspace(
+            self.config,
+            d.group,
+            device=d.device,
+            num_local_tokens=shape.tokens,
+            hidden_size=shape.hidden,
+            topk=shape.topk,
+        )
+        self.experts = shape.experts
+        w = harness.make_weights(shape, d.rank, d.device)
+        self.shared = w.shared if w.shared is not None else (None, None, None)
+        self.fwd_w, self.bwd_w = _weight_forms(w, mxfp8)
+        self._step = itertools.count()
+
+    def forward(self, index: int | None = None):
+        i = next(self._step) % len(self.sets) if index is None else index
+        inputs = self.sets[i]
+        schedule = F.build_schedule(
+            self.ws, self.config, inputs.top, num_local_experts=self.experts
+        )
+        out, ctx = F.forward(self.config, self.ws, schedule, inputs.x, inputs.rw, *self.shared,
+                             *self.fwd_w)  # fmt: skip
+        return i, schedule, out, ctx
+
+    def backward(self, state):
+        i, schedule, _, ctx = state
+        inputs = self.sets[i]
+        return F.backward(self.config, self.ws, schedule, ctx, inputs.grad, inputs.x, inputs.rw,
+                          *self.shared, *self.bwd_w)  # fmt: skip
+
+
 def run(
     d: harness.Dist, timer: harness.Timer, shape: harness.Shape, sets: list, *, mxfp8: bool
 ) -> dict:
     """Time forward (schedule + forward) and backward; return timings, set 0's outputs."""
-    config = F.MoKConfig(schedule_capacity_multiplier=capacity_multiplier(d.world))
-    ws = F.create_workspace(
-        config,
-        d.group,
-        device=d.device,
-        num_local_tokens=shape.tokens,
-        hidden_size=shape.hidden,
-        topk=shape.topk,
-    )
-    w = harness.make_weights(shape, d.rank, d.device)
-    shared = w.shared if w.shared is not None else (None, None, None)
-    fwd_w, bwd_w = _weight_forms(w, mxfp8)
-    step = itertools.count()
-
-    def forward(index: int | None = None):
-        inputs = sets[next(step) % len(sets) if index is None else index]
-        schedule = F.build_schedule(ws, config, inputs.top, num_local_experts=shape.experts)
-        out, ctx = F.forward(config, ws, schedule, inputs.x, inputs.rw, *shared, *fwd_w)
-        return schedule, out, ctx
-
-    fwd = timer.measure(forward)
-    schedule, out, ctx = forward(0)
-    first = sets[0]
-
-    def backward():
-        return F.backward(config, ws, schedule, ctx, first.grad, first.x, first.rw, *shared, *bwd_w)
-
-    bwd = timer.measure(backward)
-    grads = backward()
+    step = Step(d, shape, sets, mxfp8=mxfp8)
+    fwd = timer.measure(step.forward)
+    state = step.forward(0)
+    bwd = timer.measure(lambda: step.backward(state))
+    grads = step.backward(state)
     # One host sync, outside the timings: a capacity overflow or a bad expert id would have
     # made the numbers meaningless, so it fails the measurement instead.
-    F.check_status(ws)
+    F.check_status(step.ws)
     outputs = {
-        "out": out,
+        "out": state[2],
         "d_x": grads[0],
         "d_rw": grads[1],
         "d_gate": grads[2],

@@ -10,7 +10,9 @@
 #include "experts.h"
 
 namespace mok::experts {
-namespace {
+// Named, not anonymous: nvcc names anonymous namespaces after the build path, which would
+// make the binary depend on where it was built.
+namespace detail {
 
 constexpr int kThreads = 256;
 constexpr int kVector = 8;  // bf16 per 16 bytes
@@ -166,18 +168,18 @@ cudaError_t launch_rows(void (*kernel)(Args), const Args& args, cudaStream_t str
   return cudaGetLastError();
 }
 
-}  // namespace
+}  // namespace detail
 
 cudaError_t launch_swiglu(const SwigluArgs& args, cudaStream_t stream) {
-  return launch_rows(swiglu_kernel, args, stream);
+  return detail::launch_rows(detail::swiglu_kernel, args, stream);
 }
 
 cudaError_t launch_swiglu_backward(const SwigluBackwardArgs& args, cudaStream_t stream) {
-  return launch_rows(swiglu_backward_kernel, args, stream);
+  return detail::launch_rows(detail::swiglu_backward_kernel, args, stream);
 }
 
 cudaError_t launch_scale_rows(const ScaleRowsArgs& args, cudaStream_t stream) {
-  return launch_rows(scale_rows_kernel, args, stream);
+  return detail::launch_rows(detail::scale_rows_kernel, args, stream);
 }
 
 }  // namespace mok::experts

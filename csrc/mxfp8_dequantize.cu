@@ -1,4 +1,6 @@
-// MXFP8 -> bf16 for the GEMMs: one thread per 16 E4M3 values (half a scale block).
+// MXFP8 -> bf16 for the GEMMs: one thread per 16 E4M3 values (half a scale block). The
+// transposed form stages a 64 x 128 tile in shared memory so both its reads and its writes are
+// 16-byte coalesced.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
@@ -9,7 +11,9 @@
 #include "mxfp8.h"
 
 namespace mok::mxfp8 {
-namespace {
+// Named, not anonymous: nvcc names anonymous namespaces after the build path, which would
+// make the binary depend on where it was built.
+namespace dequantize_detail {
 
 constexpr int kPerThread = 16;
 
@@ -19,36 +23,81 @@ __device__ __forceinline__ float scale_value(uint32_t byte) {
   return byte > 0 ? __uint_as_float(byte << 23) : __uint_as_float(0x00400000u);
 }
 
+// The scale of element (row, col).
+__device__ __forceinline__ float scale_at(const DequantizeArgs& args, int64_t row, int64_t col) {
+  const int64_t block = col / kBlock;  // scale block along the row
+  const int64_t tile = (row / kTile) * (args.cols / kTile) + block / (kTile / kBlock);
+  const auto* scales = static_cast<const uint8_t*>(args.scale);
+  return scale_value(scales[tile * kTileScaleBytes +
+                            swizzled_scale_offset(static_cast<int>(row % kTile),
+                                                  static_cast<int>(block % (kTile / kBlock)))]);
+}
+
+// The 16 values of the chunk of `data` starting at element (row, col), as bf16.
+__device__ __forceinline__ void dequantize16(const DequantizeArgs& args, int64_t row, int64_t col,
+                                             __nv_bfloat16 (&out)[kPerThread]) {
+  const float scale = scale_at(args, row, col);
+  const uint4 packed = reinterpret_cast<const uint4*>(args.data)[(row * args.cols + col) / 16];
+  const auto* fp8 = reinterpret_cast<const __nv_fp8_e4m3*>(&packed);
+  for (int i = 0; i < kPerThread; ++i) {
+    out[i] = __float2bfloat16_rn(__fmul_rn(static_cast<float>(fp8[i]), scale));
+  }
+}
+
 __global__ void dequantize_kernel(DequantizeArgs args) {
   const int64_t chunks_per_row = args.cols / kPerThread;
   const int64_t chunk = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (chunk >= args.rows * chunks_per_row) return;
-  const int64_t row = chunk / chunks_per_row;
-  const int64_t col = (chunk % chunks_per_row) * kPerThread;
-  const int64_t block = col / kBlock;  // scale block along the row
-  const int64_t tile = (row / kTile) * (args.cols / kTile) + block / (kTile / kBlock);
-  const auto* scales = static_cast<const uint8_t*>(args.scale);
-  const float scale = scale_value(
-      scales[tile * kTileScaleBytes +
-             swizzled_scale_offset(static_cast<int>(row % kTile),
-                                   static_cast<int>(block % (kTile / kBlock)))]);
-  const uint4 packed = reinterpret_cast<const uint4*>(args.data)[chunk];
-  const auto* fp8 = reinterpret_cast<const __nv_fp8_e4m3*>(&packed);
-  uint4 result[2];
-  auto* out = reinterpret_cast<__nv_bfloat16*>(result);
-  for (int i = 0; i < kPerThread; ++i) {
-    out[i] = __float2bfloat16_rn(__fmul_rn(static_cast<float>(fp8[i]), scale));
-  }
+  alignas(16) __nv_bfloat16 values[kPerThread];
+  dequantize16(args, chunk / chunks_per_row, (chunk % chunks_per_row) * kPerThread, values);
+  const auto* packed = reinterpret_cast<const uint4*>(values);
   auto* dst = reinterpret_cast<uint4*>(args.out) + 2 * chunk;
-  dst[0] = result[0];
-  dst[1] = result[1];
+  dst[0] = packed[0];
+  dst[1] = packed[1];
 }
 
-}  // namespace
+constexpr int kTileRows = 64;    // input rows per CTA = output columns
+constexpr int kTileCols = 128;   // input columns per CTA = output rows
+constexpr int kPad = 8;          // keeps each staged row 16-byte aligned
+constexpr int kTransposeThreads = kTileRows * kTileCols / kPerThread;  // 512
+
+__global__ void dequantize_transposed_kernel(DequantizeArgs args) {
+  __shared__ alignas(16) __nv_bfloat16 staged[kTileCols][kTileRows + kPad];
+  const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kTileRows;
+  const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kTileCols;
+  const int local_row = threadIdx.x / (kTileCols / kPerThread);
+  const int local_col = (threadIdx.x % (kTileCols / kPerThread)) * kPerThread;
+  __nv_bfloat16 values[kPerThread];
+  dequantize16(args, row0 + local_row, col0 + local_col, values);
+  for (int i = 0; i < kPerThread; ++i) staged[local_col + i][local_row] = values[i];
+  __syncthreads();
+  // Output row c holds this tile's 64 values as 8 chunks of 8 bf16.
+  const int64_t rows_per_expert = args.rows / args.experts;
+  const int64_t expert = row0 / rows_per_expert;
+  const int64_t r0 = row0 % rows_per_expert;
+  constexpr int kChunks = kTileRows / 8;
+  for (int j = threadIdx.x; j < kTileCols * kChunks; j += blockDim.x) {
+    const int c = j / kChunks;
+    const int part = j % kChunks;
+    const uint4 chunk = *reinterpret_cast<const uint4*>(&staged[c][part * 8]);
+    const int64_t out_row = expert * args.cols + col0 + c;
+    auto* dst = static_cast<__nv_bfloat16*>(args.out) + out_row * rows_per_expert + r0 + part * 8;
+    *reinterpret_cast<uint4*>(dst) = chunk;
+  }
+}
+
+}  // namespace dequantize_detail
 
 cudaError_t launch_dequantize(const DequantizeArgs& args, cudaStream_t stream) {
+  using namespace dequantize_detail;
   const int64_t chunks = args.rows * args.cols / kPerThread;
   if (chunks == 0) return cudaSuccess;
+  if (args.transposed) {
+    const dim3 grid(static_cast<unsigned>(args.cols / kTileCols),
+                    static_cast<unsigned>(args.rows / kTileRows));
+    dequantize_transposed_kernel<<<grid, kTransposeThreads, 0, stream>>>(args);
+    return cudaGetLastError();
+  }
   constexpr int kThreads = 256;
   const auto blocks = static_cast<unsigned>((chunks + kThreads - 1) / kThreads);
   dequantize_kernel<<<blocks, kThreads, 0, stream>>>(args);

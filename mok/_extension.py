@@ -93,8 +93,15 @@ def module_for_device(device: torch.device | int | str | None = None) -> ModuleT
     device = torch.device(device)
     if device.type != "cuda":
         raise NotImplementedError(f"mok's CUDA kernels need a CUDA device, got {device}")
-    capability = torch.cuda.get_device_capability(device)
-    return module_for_capability(capability, torch.cuda.get_device_name(device))
+    index = torch.cuda.current_device() if device.index is None else device.index
+    return _module_for_index(index)
+
+
+@functools.cache
+def _module_for_index(index: int) -> ModuleType:
+    # Cached: every kernel launch asks. A failure raises and is not cached.
+    capability = torch.cuda.get_device_capability(index)
+    return module_for_capability(capability, torch.cuda.get_device_name(index))
 
 
 def _device_has(arch: str, device: torch.device | int | str | None) -> bool:
@@ -144,6 +151,9 @@ def launch(device: torch.device, kernel: str, **arguments):
     device guard and the stream are supplied here, once for every wrapper.
     """
     module = module_for_device(device)
+    if device.index == torch.cuda.current_device():  # the common case: no guard to enter
+        stream = torch.cuda.current_stream(device).cuda_stream
+        return getattr(module, kernel)(stream=stream, **arguments)
     with torch.cuda.device(device):
         stream = torch.cuda.current_stream(device).cuda_stream
         return getattr(module, kernel)(stream=stream, **arguments)

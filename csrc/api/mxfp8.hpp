@@ -74,18 +74,24 @@ inline void mxfp8_quantize(uintptr_t x, uintptr_t out, uintptr_t scale, uintptr_
 }
 
 inline void mxfp8_dequantize(uintptr_t data, uintptr_t scale, uintptr_t out, int64_t rows,
-                             int64_t cols, uintptr_t stream) {
+                             int64_t cols, bool transposed, int64_t experts, uintptr_t stream) {
   checks::address("data", data, 16);
   checks::address("scale", scale, 16);
   checks::address("out", out, 16);
   check_extent("rows", rows, mxfp8::kTile);
   check_extent("cols", cols, mxfp8::kTile);
+  require(experts >= 1 && rows % (experts * mxfp8::kTile) == 0,
+          "`experts` must be >= 1 and divide `rows` into multiples of 128, got experts=" +
+              std::to_string(experts) + ", rows=" + std::to_string(rows));
+  require(rows / 64 <= 65535, "`rows` must be at most 64 * 65535, got " + std::to_string(rows));
   mxfp8::DequantizeArgs args;
   args.data = reinterpret_cast<const void*>(data);
   args.scale = reinterpret_cast<const void*>(scale);
   args.out = reinterpret_cast<void*>(out);
   args.rows = rows;
   args.cols = cols;
+  args.transposed = transposed;
+  args.experts = experts;
   check_cuda(mxfp8::launch_dequantize(args, reinterpret_cast<cudaStream_t>(stream)),
              "mxfp8_dequantize kernel launch");
 }
@@ -103,11 +109,12 @@ All buffers are device addresses (0 = layout not wanted), contiguous, 16-byte al
 rows and cols must be multiples of 128. Raises ValueError for bad arguments and RuntimeError
 for a CUDA error.)doc");
   m.def("mxfp8_dequantize", &mxfp8_dequantize, py::arg("data"), py::arg("scale"), py::arg("out"),
-        py::arg("rows"), py::arg("cols"), py::arg("stream"),
+        py::arg("rows"), py::arg("cols"), py::arg("transposed"), py::arg("experts"), py::arg("stream"),
         R"doc(MXFP8 -> bf16 on `stream`: out = bf16(data * 2^(scale - 127)), rounded to nearest even.
 
 data fp8 [rows, cols] (blocks of 32 along cols), scale uint8 [rows/128, cols/128, 32, 16]
-swizzled, out bf16 [rows, cols]; rows and cols multiples of 128, addresses 16-byte aligned.)doc");
+swizzled, out bf16 [rows, cols]; rows and cols multiples of 128, addresses 16-byte aligned.
+transposed: data is [experts, rows/experts, cols] and out [experts, cols, rows/experts].)doc");
 }
 
 }  // namespace mok::api

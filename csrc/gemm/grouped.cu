@@ -11,7 +11,9 @@ namespace mok::gemm {
 
 bool available() { return true; }
 
-namespace {
+// Named, not anonymous: nvcc names anonymous namespaces after the build path, which would
+// make the binary depend on where it was built.
+namespace dispatch {
 
 struct KindEntry {
   cudaError_t (*launch)(const GroupedArgs&, cudaStream_t);
@@ -31,14 +33,14 @@ constexpr KindEntry kEntries[kKinds] = {
     entry<Kind::kWeightGrad>(),
 };
 
-}  // namespace
+}  // namespace dispatch
 
 size_t scratch_bytes(Kind kind, int groups, int sm_count) {
-  return kEntries[static_cast<int>(kind)].scratch(groups, sm_count);
+  return dispatch::kEntries[static_cast<int>(kind)].scratch(groups, sm_count);
 }
 
 cudaError_t launch_grouped(const GroupedArgs& args, cudaStream_t stream) {
-  return kEntries[static_cast<int>(args.kind)].launch(args, stream);
+  return dispatch::kEntries[static_cast<int>(args.kind)].launch(args, stream);
 }
 
 #else  // Blackwell modules: the TMA + wgmma kernels are Hopper-only; torch serves instead.

@@ -138,8 +138,10 @@ __global__ void zero_empty_experts_kernel(GroupedArgs args) {
   }
 }
 
-// Zeroes D rows [sum(rows), total_rows) of every operand set, in 16-byte vectors.
-static __global__ void zero_tail_kernel(GroupedArgs args, int64_t row_bytes) {
+// Zeroes D rows [sum(rows), total_rows) of every operand set, in 16-byte vectors. A template
+// (not `static`) so the kernel has one name in every translation unit, whatever the build path.
+template <int kUnused = 0>
+__global__ void zero_tail_kernel(GroupedArgs args, int64_t row_bytes) {
   __shared__ int64_t used_rows;
   if (threadIdx.x == 0) {
     int64_t used = 0;
@@ -166,7 +168,7 @@ cudaError_t fill_tables(const GroupedArgs& args, const Tables& tables, cudaStrea
   } else if (args.total_rows > 0) {
     using ElementD = std::remove_pointer_t<std::remove_pointer_t<decltype(tables.d)>>;
     const int64_t row_bytes = args.n * static_cast<int64_t>(sizeof(ElementD));
-    zero_tail_kernel<<<dim3(132, args.num_sets), 256, 0, stream>>>(args, row_bytes);
+    zero_tail_kernel<><<<dim3(132, args.num_sets), 256, 0, stream>>>(args, row_bytes);
   }
   return cudaGetLastError();
 }

@@ -72,9 +72,12 @@ def mxfp8_quantize(
     return x_fp8, x_sc, x_fp8_t, x_sc_t
 
 
-def mxfp8_dequantize(data: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+def mxfp8_dequantize(
+    data: torch.Tensor, scales: torch.Tensor, transposed: bool = False
+) -> torch.Tensor:
     """bf16 values of an MXFP8 pair as a bf16 GEMM reads them: bf16(data * 2^(scale - 127)),
-    i.e. `mok.mxfp8.dequantize(data, scales).to(torch.bfloat16)` bit for bit, in one pass.
+    i.e. `mok.mxfp8.dequantize(data, scales).to(torch.bfloat16)` bit for bit, in one pass;
+    `transposed=True` returns the same values with the last two dims swapped, contiguous.
 
     `data` float8_e4m3fn `[R, C]` / `[E, R, C]` with blocks along C, `scales` uint8
     `[E*R/128, C/128, 32, 16]` on the same CUDA device.
@@ -94,7 +97,8 @@ def mxfp8_dequantize(data: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
             f"{list(data.shape)}, got {scales.dtype} {list(scales.shape)} on {scales.device}"
         )
     data, scales = _extension.aligned(data), _extension.aligned(scales)
-    out = torch.empty(data.shape, dtype=torch.bfloat16, device=data.device)
+    shape = (*data.shape[:-2], data.shape[-1], data.shape[-2]) if transposed else data.shape
+    out = torch.empty(shape, dtype=torch.bfloat16, device=data.device)
     if rows == 0:
         return out
     _extension.launch(
@@ -105,6 +109,8 @@ def mxfp8_dequantize(data: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
         out=out.data_ptr(),
         rows=rows,
         cols=cols,
+        transposed=transposed,
+        experts=data.shape[0] if data.dim() == 3 else 1,
     )
     return out
 

@@ -108,19 +108,30 @@ def _use_mok_gemms(device: torch.device) -> bool:
 
 
 class DenseGemms(ExpertEngine):
-    """The shared expert: one expert over every token row (cuBLAS, fp32 outputs)."""
+    """The shared expert: one expert over every token row (cuBLAS GEMMs storing bf16, or fp32
+    where the math keeps fp32; mok's elementwise kernels)."""
 
     num_experts = 1
 
+    def __init__(self, tokens: int, device: torch.device):
+        # A fill kernel, not a host copy, so the step stays capturable in a CUDA graph.
+        self.num_tokens = torch.full((1,), tokens, dtype=torch.int32, device=device)
+
     @staticmethod
     def linear(a: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return torch.mm(a.to(torch.bfloat16), weight[0].to(torch.bfloat16).T, out_dtype=_F32)
+        a, w_t = a.to(torch.bfloat16), weight[0].to(torch.bfloat16).T
+        if _transposed_view(weight):  # the backward's W^T: d_h stays fp32
+            return torch.mm(a, w_t, out_dtype=_F32)
+        return torch.mm(a, w_t)
 
     @staticmethod
     def weight_grad(d_out: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
-        d_t = d_out.to(torch.bfloat16).T
-        return torch.mm(d_t, a.to(torch.bfloat16), out_dtype=_F32)[None]
+        """bf16 d_out^T a, accumulated in fp32 and rounded once (cuBLAS's bf16 output)."""
+        return torch.mm(d_out.to(torch.bfloat16).T, a.to(torch.bfloat16))[None]
 
+    swiglu = HopperGemms.swiglu
+    swiglu_backward = HopperGemms.swiglu_backward
+    scale_rows = HopperGemms.scale_rows
     quantize = staticmethod(cuda.mxfp8_quantize)
 
 
@@ -158,6 +169,5 @@ class CudaEngine:
             return HopperGemms(schedule, num_experts)
         return GroupedGemms(schedule, num_experts)
 
-    @staticmethod
-    def shared_gemms(tokens: int) -> DenseGemms:
-        return DenseGemms()
+    def shared_gemms(self, tokens: int) -> DenseGemms:
+        return DenseGemms(tokens, self.ws.device)

@@ -85,9 +85,11 @@ class ExpertEngine:
         return (weight[:, None] * x.float()).to(torch.bfloat16)
 
     @staticmethod
-    def dequantize(data: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-        """An MXFP8 pair's values (fp32 here; engines whose GEMMs read bf16 may return bf16)."""
-        return mxfp8.dequantize(data, scales)
+    def dequantize(data: torch.Tensor, scales: torch.Tensor, transposed: bool = False):
+        """An MXFP8 pair's values (fp32 here; engines whose GEMMs read bf16 may return bf16),
+        with the last two dims swapped when `transposed` (a view here; kernels write it)."""
+        values = mxfp8.dequantize(data, scales)
+        return values.transpose(-2, -1) if transposed else values
 
     def linears(self, a: torch.Tensor, weights) -> list[torch.Tensor]:
         return [self.linear(a, w) for w in weights]
@@ -150,12 +152,12 @@ def mx_round(t: torch.Tensor, gemm) -> torch.Tensor:
 def mx_round_rows(t: torch.Tensor, gemm) -> torch.Tensor:
     """The values for `t` [R, C] quantized in blocks of 32 rows (the wgrad operands), fp32."""
     _, _, data_t, scales_t = gemm.quantize(t.to(torch.bfloat16), False, True)
-    return gemm.dequantize(data_t, scales_t).T
+    return gemm.dequantize(data_t, scales_t, transposed=True)
 
 
-def _dequant(pair, gemm) -> torch.Tensor:
+def _dequant(pair, gemm, transposed: bool = False) -> torch.Tensor:
     data, scales = pair
-    return gemm.dequantize(data, scales)
+    return gemm.dequantize(data, scales, transposed)
 
 
 def forward_bf16(x_rows, w_gate, w_up, w_down, gemm, limit):
@@ -202,10 +204,13 @@ def backward_mxfp8(d_out_rows, rw_rows, ctx, weights, gemm, limit):
     """
     x_t, gate_q, up_q, hidden_t = ctx
     (_, _, g_t, g_t_sc), (_, _, u_t, u_t_sc), down_t = weights
-    d_h = gemm.linear(mx_round(d_out_rows, gemm), _dequant(down_t, gemm))
-    x_rows = _dequant(x_t, gemm).T
-    hidden = _dequant(hidden_t, gemm).T
-    dense = tuple(_dequant(pair, gemm).transpose(1, 2) for pair in ((g_t, g_t_sc), (u_t, u_t_sc)))
+    # W_d^T's values as a transposed view of W_d-shaped storage: engines whose kernels store
+    # bf16 for [E, N, K] weights keep d_h in fp32 for this layout, as the table says.
+    down = _dequant(down_t, gemm, transposed=True).transpose(1, 2)
+    d_h = gemm.linear(mx_round(d_out_rows, gemm), down)
+    x_rows = _dequant(x_t, gemm, transposed=True)
+    hidden = _dequant(hidden_t, gemm, transposed=True)
+    dense = tuple(_dequant(pair, gemm, transposed=True) for pair in ((g_t, g_t_sc), (u_t, u_t_sc)))
     dense = (*dense, None)
     return _backward_tail(
         d_h,

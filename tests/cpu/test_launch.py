@@ -1,17 +1,22 @@
 """The one launch path of the CUDA wrappers: the kernel of the device's module, called with its
-arguments plus the device's current stream under a device guard; and the alignment helper."""
+arguments plus the device's current stream (under a device guard when the device is not the
+current one); and the alignment helper."""
 
 from __future__ import annotations
 
 import contextlib
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from mok import _extension
 
 
-def test_launch_forwards_arguments_and_the_current_stream(monkeypatch):
+@pytest.mark.parametrize(("current", "guard_entered"), [(0, True), (1, False)])
+def test_launch_forwards_arguments_and_the_current_stream(monkeypatch, current, guard_entered):
+    """The kernel gets the device's stream; the device guard is entered only when the device is
+    not already the current one."""
     calls, guarded = [], []
     module = SimpleNamespace(kernel=lambda **kw: calls.append(kw) or "result")
     monkeypatch.setattr(_extension, "module_for_device", lambda device: module)
@@ -22,13 +27,14 @@ def test_launch_forwards_arguments_and_the_current_stream(monkeypatch):
         yield
 
     monkeypatch.setattr(torch.cuda, "device", guard)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current)
     monkeypatch.setattr(
         torch.cuda, "current_stream", lambda device: SimpleNamespace(cuda_stream=77)
     )
     device = torch.device("cuda", 1)
     assert _extension.launch(device, "kernel", x=1, rows=2) == "result"
     assert calls == [{"x": 1, "rows": 2, "stream": 77}]
-    assert guarded == [device]
+    assert guarded == ([device] if guard_entered else [])
 
 
 def test_aligned_copies_only_a_misaligned_view():

@@ -7,6 +7,8 @@ several sizes, and a bandwidth figure next to the measured copy bandwidth.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from gpu_helpers import device_copy_gb_per_s, median_ms, module_seed, requires_gpu_module
@@ -125,16 +127,18 @@ def test_backend_accepts_a_non_contiguous_input(seed):
 @pytest.mark.parametrize("special", [False, True], ids=["randn", "special-values"])
 @pytest.mark.parametrize("shape", [(128, 128), (384, 256), (2, 256, 512)], ids=str)
 def test_dequantize_matches_reference_bitwise(shape, special, seed):
-    """cuda.mxfp8_dequantize == bf16(mok.mxfp8.dequantize) for both layouts, with every scale
-    byte the quantizer writes, E4M3 subnormals and NaN; plus scale bytes 0 and 255 forced in."""
+    """cuda.mxfp8_dequantize == bf16(mok.mxfp8.dequantize), plain and transposed, for both
+    layouts, with every scale byte the quantizer writes, E4M3 subnormals and NaN; plus scale
+    bytes 0 and 255 forced in."""
     x = _random_bf16(shape, seed, special)
     data, scales, data_t, scales_t = cuda_backend.mxfp8_quantize(x, True, True)
     scales = scales.clone()
     scales.view(-1)[:2] = torch.tensor([0, 255], dtype=torch.uint8)
-    for pair in ((data, scales), (data_t, scales_t)):
-        got = cuda_backend.mxfp8_dequantize(*pair)
+    for pair, transposed in itertools.product(((data, scales), (data_t, scales_t)), (False, True)):
+        got = cuda_backend.mxfp8_dequantize(*pair, transposed=transposed)
         want = mxfp8.dequantize(*pair).to(torch.bfloat16)
-        assert got.dtype == torch.bfloat16 and got.shape == pair[0].shape
+        want = want.transpose(-2, -1).contiguous() if transposed else want
+        assert got.dtype == torch.bfloat16 and got.shape == want.shape and got.is_contiguous()
         nan = want.isnan()  # NaN payloads may differ; positions may not
         assert torch.equal(got.isnan(), nan)
         assert torch.equal(got.view(torch.int16)[~nan], want.view(torch.int16)[~nan])
