@@ -42,7 +42,12 @@ def _shared_backward(engine, d_out, x, saved, shared, limit):
 
 
 def forward(engine, x, shared, routed, schedule, limit, mxfp8: bool):
-    """Returns (routed ctx list, y_routed, shared (gate, up, hidden, y)); fills combine_buffer."""
+    """Returns (routed ctx list, y_routed, shared (gate, up, hidden, y)); fills combine_buffer.
+
+    The shared expert goes first: it needs nothing from the exchange, so its GEMMs keep the GPU
+    busy while the host enqueues the routed stages (the results do not depend on the order).
+    """
+    shared_out = _shared_forward(engine, x, shared, limit)
     x_rows = engine.pull("x_buffer", schedule)
     num_experts = schedule[3].shape[0]
     gemm = engine.routed_gemms(schedule, num_experts)
@@ -52,7 +57,7 @@ def forward(engine, x, shared, routed, schedule, limit, mxfp8: bool):
         gate, up, hidden, y = experts.forward_bf16(x_rows, *routed, gemm, limit)
         saved = [x_rows, gate, up, hidden]
     engine.push(y, schedule, "combine_buffer")
-    return saved, y, _shared_forward(engine, x, shared, limit)
+    return saved, y, shared_out
 
 
 def backward(engine, d_y, shared, routed, saved, shared_saved, x, schedule, limit, mxfp8: bool):
@@ -62,6 +67,9 @@ def backward(engine, d_y, shared, routed, saved, shared_saved, x, schedule, limi
     d_hidden_shared, d_hidden_routed, d_w_shared_gate, d_w_routed_gate, d_w_shared_up,
     d_w_routed_up, d_w_shared_down, d_w_routed_down).
     """
+    d_x_s, d_gate_s, d_up_s, d_hidden_s, d_wg_s, d_wu_s, d_wd_s = _shared_backward(
+        engine, d_y, x, shared_saved, shared, limit
+    )  # first, as in forward
     d_out_rows = engine.pull("d_y_buffer", schedule)
     rw_rows = engine.pull_router_weights(schedule)
     gemm = engine.routed_gemms(schedule, schedule[3].shape[0])
@@ -72,9 +80,6 @@ def backward(engine, d_y, shared, routed, saved, shared_saved, x, schedule, limi
     d_x_r, d_rw, d_gate_r, d_up_r, d_hidden_r, d_w_gate, d_w_up, d_w_down = routed_out
     engine.push(d_x_r, schedule, "d_x_routed_buffer")
     engine.push(d_rw, schedule, "d_router_weight_buffer")
-    d_x_s, d_gate_s, d_up_s, d_hidden_s, d_wg_s, d_wu_s, d_wd_s = _shared_backward(
-        engine, d_y, x, shared_saved, shared, limit
-    )
     return (
         d_x_s, d_x_r, d_gate_s, d_gate_r, d_up_s, d_up_r, d_hidden_s, d_hidden_r,
         d_wg_s, d_w_gate, d_wu_s, d_w_up, d_wd_s, d_w_down,

@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tools" / "build"))
 
 from mok_build import archive, elf, spec, toolchain  # noqa: E402
+from mok_build import compile as compile_steps  # noqa: E402
 
 SPEC = spec.load_extension_spec(REPO)
 TOOLCHAIN_PACKAGES = (
@@ -179,6 +180,23 @@ def test_wheel_writer_is_deterministic_and_records_hashes(tmp_path):
         assert wheel.getinfo("pkg/a.so").external_attr >> 16 == 0o100755
         record = wheel.read("pkg-1.dist-info/RECORD").decode()
     assert "pkg/b.py,sha256=" in record and record.endswith("pkg-1.dist-info/RECORD,,\n")
+
+
+def test_sources_are_compiled_from_one_fixed_path(tmp_path):
+    """nvcc hashes a source's real path into internal symbol names, so every build compiles a
+    copy at the same path: the listed files only, removed afterwards."""
+    root = tmp_path / "checkout"
+    (root / "csrc" / "gemm").mkdir(parents=True)
+    (root / "csrc" / "gemm" / "a.cu").write_text("// a")
+    (root / "csrc" / "b.h").write_text("// b")
+    (root / "csrc" / "unlisted.cu").write_text("// not staged")
+    stage = tmp_path / "stage"
+    with compile_steps.staged_sources(root, ["csrc/gemm/a.cu", "csrc/b.h"], stage) as staged:
+        assert staged == stage
+        assert (stage / "csrc" / "gemm" / "a.cu").read_text() == "// a"
+        assert (stage / "csrc" / "b.h").read_text() == "// b"
+        assert not (stage / "csrc" / "unlisted.cu").exists()
+    assert not stage.exists()
 
 
 def test_source_date_epoch_has_a_fixed_default():

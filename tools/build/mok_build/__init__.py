@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from mok_build import archive, elf, metadata
-from mok_build.compile import BuildConfig, Progress, build_modules, default_jobs
+from mok_build.compile import BuildConfig, Progress, build_modules, default_jobs, staged_sources
 from mok_build.spec import (
     ExtensionSpec,
     ProjectMetadata,
@@ -92,18 +92,20 @@ def _compile(root: Path, project: ProjectMetadata, spec: ExtensionSpec, scratch:
     epoch = archive.source_date_epoch()
     archs = selected_archs(spec)
     toolchain = resolve(spec.cuda_version, pinned_requirements(project.build_requires))
-    config = BuildConfig(
-        root=root,
-        build_dir=scratch,
-        version=project.version,
-        git_commit=os.environ.get("MOK_GIT_COMMIT", "").strip() or "unknown",
-        jobs=default_jobs(os.environ),
-        env=clean_environment(os.environ, epoch),
-    )
     progress = Progress(len(archs) * (len(spec.extension_sources) + 1))
     if archs != spec.archs:
         progress.log(f"MOK_ARCHS: partial build ({', '.join(archs)}), not a release wheel")
-    modules = build_modules(spec, toolchain, config, archs, progress)
+    files = [*spec.extension_sources, *spec.extension_headers]
+    with staged_sources(root, files) as stage:
+        config = BuildConfig(
+            root=stage,
+            build_dir=scratch,
+            version=project.version,
+            git_commit=os.environ.get("MOK_GIT_COMMIT", "").strip() or "unknown",
+            jobs=default_jobs(os.environ),
+            env=clean_environment(os.environ, epoch),
+        )
+        modules = build_modules(spec, toolchain, config, archs, progress)
     _check_platform(spec, modules)
     return toolchain, modules, progress
 

@@ -2,12 +2,18 @@
 
 Every command runs in the source root with relative source paths, and every absolute directory
 that could leak into a binary (source root, build root, toolchain include dirs) is mapped to a
-fixed name, so two checkouts at different paths produce identical bytes.
+fixed name, so two checkouts at different paths produce identical bytes. One path cannot be
+mapped: nvcc names internal-linkage device entities (libcu++'s, which CUTLASS pulls in) after a
+hash of the source file's real absolute path. So the sources are compiled from a copy at one
+fixed path (STAGE_ROOT), under a lock that serializes concurrent builds on a machine.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -23,6 +29,36 @@ from mok_build.toolchain import Toolchain
 
 class CompileError(RuntimeError):
     """A compiler command failed; the message carries the command and its output."""
+
+
+# The fixed real path the sources are compiled from (see the module docstring).
+STAGE_ROOT = Path("/tmp/mok-build-sources")
+
+
+@contextlib.contextmanager
+def staged_sources(root: Path, files: Sequence[str], stage: Path = STAGE_ROOT):
+    """Copy `files` (paths relative to `root`) to `stage` and yield it, holding a lock."""
+    lock_path = stage.with_name(stage.name + ".lock")
+    try:
+        lock = open(lock_path, "a+")  # noqa: SIM115 (held for the whole build)
+    except OSError as error:
+        raise CompileError(f"cannot open the build lock {lock_path}: {error}") from error
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            shutil.rmtree(stage, ignore_errors=True)
+            for name in files:
+                target = stage / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(root / name, target)
+        except OSError as error:
+            raise CompileError(
+                f"cannot stage the sources in {stage} ({error}); remove it if another user owns it"
+            ) from error
+        try:
+            yield stage
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
 
 
 @dataclass(frozen=True, slots=True)
