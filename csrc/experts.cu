@@ -38,6 +38,7 @@ __device__ void store8(void* base, int64_t index, const Bf16x8& v) {
 }
 
 __device__ void zero_row(void* base, int64_t row, int64_t vectors) {
+  if (base == nullptr) return;  // an output whose unused rows stay untouched
   auto* out = reinterpret_cast<uint4*>(base) + row * vectors;
   for (int64_t v = threadIdx.x; v < vectors; v += blockDim.x) out[v] = make_uint4(0, 0, 0, 0);
 }
@@ -150,7 +151,7 @@ __global__ void swiglu_backward_kernel(SwigluBackwardArgs args) {
 __global__ void scale_rows_kernel(ScaleRowsArgs args) {
   const int64_t row = blockIdx.x;
   const int64_t vectors = args.cols / kVector;
-  if (past_used_rows(args.num_tokens, vectors, args.out)) return;
+  if (past_used_rows(args.num_tokens, vectors, args.zero_rest ? args.out : nullptr)) return;
   const float weight = args.weight[row];
   for (int64_t v = threadIdx.x; v < vectors; v += blockDim.x) {
     const Bf16x8 x = load8(args.x, row * vectors + v);

@@ -48,6 +48,7 @@ struct ScaleRowsArgs {
   const int32_t* num_tokens = nullptr;
   int64_t rows = 0;
   int64_t cols = 0;  // a multiple of 8
+  bool zero_rest = true;  // false: rows past num_tokens are left as they are (internal buffers)
 };
 
 // Each enqueues one kernel on `stream` and returns the launch status (never synchronises).

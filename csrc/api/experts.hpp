@@ -90,7 +90,7 @@ inline void swiglu_backward(uintptr_t d_h, uintptr_t router_weight, uintptr_t ga
 }
 
 inline void scale_rows(uintptr_t x, uintptr_t weight, uintptr_t out, uintptr_t num_tokens,
-                       int64_t rows, int64_t cols, uintptr_t stream) {
+                       int64_t rows, int64_t cols, bool zero_rest, uintptr_t stream) {
   namespace check = expert_checks;
   check::extents(rows, "cols", cols);
   experts::ScaleRowsArgs args;
@@ -100,6 +100,7 @@ inline void scale_rows(uintptr_t x, uintptr_t weight, uintptr_t out, uintptr_t n
   args.num_tokens = check::in<int32_t>("num_tokens", num_tokens, 4);
   args.rows = rows;
   args.cols = cols;
+  args.zero_rest = zero_rest;
   check_cuda(experts::launch_scale_rows(args, reinterpret_cast<cudaStream_t>(stream)),
              "scale_rows kernel launch");
 }
@@ -120,8 +121,10 @@ d_h fp32 [rows, inter]; router_weight fp32 [rows]; gate, up, hidden bf16 [rows, 
 Writes d_gate, d_up, d_hidden = bf16(rw * d_h) and d_router_weight[r] = sum_i d_h * hidden
 (fp32, fixed order); rows >= *num_tokens get zeros.)doc");
   m.def("scale_rows", &scale_rows, py::arg("x"), py::arg("weight"), py::arg("out"),
-        py::arg("num_tokens"), py::arg("rows"), py::arg("cols"), py::arg("stream"),
-        "out[r] = bf16(weight[r] * x[r]) for rows < *num_tokens, 0 after (bf16 [rows, cols]).");
+        py::arg("num_tokens"), py::arg("rows"), py::arg("cols"), py::arg("zero_rest"),
+        py::arg("stream"),
+        "out[r] = bf16(weight[r] * x[r]) for rows < *num_tokens; rows after are zeroed when "
+        "zero_rest, else left untouched (bf16 [rows, cols]).");
 }
 
 }  // namespace mok::api

@@ -58,10 +58,13 @@ def swiglu_backward(d_h, router_weight, gate, up, hidden, num_tokens, limit: flo
     return d_router_weight, d_gate, d_up, d_hidden
 
 
-def scale_rows(x: torch.Tensor, weight: torch.Tensor, num_tokens: torch.Tensor) -> torch.Tensor:
-    """bf16(weight[r] * x[r]) for bf16 x [R, C] and fp32 weight [R]."""
+def scale_rows(
+    x: torch.Tensor, weight: torch.Tensor, num_tokens: torch.Tensor, zero_rest: bool = True
+) -> torch.Tensor:
+    """bf16(weight[r] * x[r]) for bf16 x [R, C] and fp32 weight [R]; rows past num_tokens are
+    zero, or unspecified when not `zero_rest` (for buffers only the used rows of are read)."""
     x = _bf16(x)
     out = torch.empty_like(x)
     tensors = {"x": x, "weight": weight.float().contiguous(), "out": out, "num_tokens": num_tokens}
-    _launch("scale_rows", tensors, rows=x.shape[0], cols=x.shape[1])
+    _launch("scale_rows", tensors, rows=x.shape[0], cols=x.shape[1], zero_rest=zero_rest)
     return out

@@ -100,19 +100,23 @@ def linear(a: torch.Tensor, weights: list[torch.Tensor], rows: torch.Tensor) -> 
     return outs
 
 
-def linear_transposed(a: torch.Tensor, weight_t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """a [R, K] @ w[e] per segment for w [E, K, N] -> fp32 [R, N] (rows past the segments zero)."""
+def linear_transposed(
+    a: torch.Tensor, weight_t: torch.Tensor, rows: torch.Tensor, zero_rest: bool = True
+) -> torch.Tensor:
+    """a [R, K] @ w[e] per segment for w [E, K, N] -> fp32 [R, N]; rows past the segments are
+    zero, or unspecified when not `zero_rest` (for buffers only the segments of are read)."""
     a, weight_t = _bf16(a), _bf16(weight_t)
     out = a.new_empty((a.shape[0], weight_t.shape[2]), dtype=torch.float32)
+    total_rows = a.shape[0] if zero_rest else 0
     _launch(Kind.LINEAR_TRANSPOSED, [(a, weight_t, None, out)], rows, out.shape[1], a.shape[1],
-            a.shape[0])  # fmt: skip
+            total_rows)  # fmt: skip
     return out
 
 
 def linear_sum(terms, rows: torch.Tensor) -> torch.Tensor:
     """Sum of a @ w[e] over two (a [R, K], w [E, K, N]) terms in fp32 -> bf16 [R, N]."""
     (a1, w1), (a2, w2) = terms
-    partial = linear_transposed(a1, w1, rows)
+    partial = linear_transposed(a1, w1, rows, zero_rest=False)  # read within segments only
     a2, w2 = _bf16(a2), _bf16(w2)
     out = a2.new_empty(partial.shape)
     _launch(Kind.LINEAR_ACCUMULATE, [(a2, w2, partial, out)], rows, out.shape[1], a2.shape[1],

@@ -60,7 +60,8 @@ class HopperGemms(ExpertEngine):
 
     def linear(self, a: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if _transposed_view(weight):  # the backward's W^T: N-contiguous weights, fp32 d_h
-            return cuda_gemm.linear_transposed(a, weight.transpose(1, 2), self.rows)
+            # d_h is read by swiglu_backward for the used rows only: no zeroed tail needed.
+            return cuda_gemm.linear_transposed(a, weight.transpose(1, 2), self.rows, False)
         return cuda_gemm.linear(a, [weight], self.rows)[0]
 
     def linears(self, a: torch.Tensor, weights) -> list[torch.Tensor]:
@@ -82,7 +83,8 @@ class HopperGemms(ExpertEngine):
         return cuda_experts.swiglu_backward(d_h, rw, gate, up, hidden, self.num_tokens, limit)
 
     def scale_rows(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        return cuda_experts.scale_rows(x, weight, self.num_tokens)
+        # The scaled d_out rows feed the weight gradients, which read the segments only.
+        return cuda_experts.scale_rows(x, weight, self.num_tokens, zero_rest=False)
 
     quantize = staticmethod(cuda.mxfp8_quantize)
     dequantize = staticmethod(cuda.mxfp8_dequantize)
