@@ -44,17 +44,18 @@ def check_tensor(
     name: str,
     value: object,
     *,
-    dtype: torch.dtype,
+    dtype: torch.dtype | None,
     shape: Sequence[int | None],
     dims: Sequence[str] | None = None,
     device: torch.device | None = None,
     contiguous: bool = True,
 ) -> torch.Tensor:
-    """Check one tensor argument: type, dtype, shape (None = any size), device, contiguity."""
-    expected = f"{dtype_name(dtype)} {_shape_text(dims, shape)}"
+    """Check one tensor argument: type, dtype (None = any: the caller converts), shape (None =
+    any size), device, contiguity."""
+    expected = f"{'tensor' if dtype is None else dtype_name(dtype)} {_shape_text(dims, shape)}"
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"`{name}` must be a tensor ({expected}), got {describe(value)}")
-    if value.dtype != dtype:
+    if dtype is not None and value.dtype != dtype:
         raise TypeError(f"`{name}` must be {expected}, got {describe(value)}")
     matches = value.dim() == len(shape) and all(
         want is None or got == want for got, want in zip(value.shape, shape, strict=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from mok import _extension
+from mok._checks import check_tensor
 
 _BF16 = torch.bfloat16
 
@@ -24,12 +25,32 @@ def _launch(kernel: str, tensors: dict[str, torch.Tensor], **scalars) -> None:
     _extension.launch(device, kernel, **addresses, **scalars)
 
 
+def _check_rows(tensors: dict[str, torch.Tensor], row_shape: list, dims: str) -> None:
+    """Every tensor has the first one's leading size (rows) and `row_shape` after it, on its
+    device (any float dtype: converted before the launch); num_tokens is int32 [1] there. The
+    kernels trust these sizes, so they are checked before any launch."""
+    first = next(iter(tensors.values()))
+    device = first.device if isinstance(first, torch.Tensor) else None
+    rows = first.shape[0] if isinstance(first, torch.Tensor) and first.dim() else None
+    for name, t in tensors.items():
+        if name == "num_tokens":
+            check_tensor(name, t, dtype=torch.int32, shape=[1], device=device)
+        elif name in ("router_weight", "weight"):
+            check_tensor(name, t, dtype=None, shape=[rows], dims=["R"], device=device,
+                         contiguous=False)  # fmt: skip
+        else:
+            check_tensor(name, t, dtype=None, shape=[rows, *row_shape], dims=dims.split(),
+                         device=device, contiguous=False)  # fmt: skip
+
+
 def _limit(limit: float | None) -> dict:
     return {"has_limit": limit is not None, "limit": 0.0 if limit is None else float(limit)}
 
 
 def swiglu(gate, up, num_tokens: torch.Tensor, limit: float | None) -> torch.Tensor:
     """bf16 silu(min(gate, L)) * clamp(up, -L, L) of bf16 [R, I] rows."""
+    inter = gate.shape[-1] if isinstance(gate, torch.Tensor) else None
+    _check_rows({"gate": gate, "up": up, "num_tokens": num_tokens}, [inter], "R I")
     gate, up = _bf16(gate), _bf16(up)
     hidden = torch.empty_like(gate)
     tensors = {"gate": gate, "up": up, "hidden": hidden, "num_tokens": num_tokens}
@@ -39,6 +60,9 @@ def swiglu(gate, up, num_tokens: torch.Tensor, limit: float | None) -> torch.Ten
 
 def swiglu_backward(d_h, router_weight, gate, up, hidden, num_tokens, limit: float | None):
     """(d_router_weight fp32 [R], d_gate, d_up, d_hidden bf16 [R, I]) from fp32 d_h [R, I]."""
+    inter = gate.shape[-1] if isinstance(gate, torch.Tensor) else None
+    given = {"gate": gate, "up": up, "hidden": hidden, "d_h": d_h}
+    _check_rows({**given, "router_weight": router_weight, "num_tokens": num_tokens}, [inter], "R I")
     gate, up, hidden = _bf16(gate), _bf16(up), _bf16(hidden)
     d_gate, d_up, d_hidden = (torch.empty_like(gate) for _ in range(3))
     d_router_weight = torch.empty(gate.shape[0], dtype=torch.float32, device=gate.device)
@@ -63,6 +87,8 @@ def scale_rows(
 ) -> torch.Tensor:
     """bf16(weight[r] * x[r]) for bf16 x [R, C] and fp32 weight [R]; rows past num_tokens are
     zero, or unspecified when not `zero_rest` (for buffers only the used rows of are read)."""
+    cols = x.shape[-1] if isinstance(x, torch.Tensor) else None
+    _check_rows({"x": x, "weight": weight, "num_tokens": num_tokens}, [cols], "R C")
     x = _bf16(x)
     out = torch.empty_like(x)
     tensors = {"x": x, "weight": weight.float().contiguous(), "out": out, "num_tokens": num_tokens}

@@ -14,6 +14,7 @@ import functools
 import torch
 
 from mok import _extension
+from mok._checks import check_tensor
 
 _BF16 = torch.bfloat16
 
@@ -87,11 +88,29 @@ def _bf16(t: torch.Tensor) -> torch.Tensor:
     return _extension.aligned(t.to(_BF16))
 
 
+def _shaped(name: str, t: torch.Tensor, shape: list, dims: str, device: torch.device) -> None:
+    """A tensor of this shape on `device`, any float dtype (converted to bf16 before the launch):
+    the kernels trust the sizes they are given, so every operand is checked first."""
+    check_tensor(name, t, dtype=None, shape=shape, dims=dims.split(), device=device,
+                 contiguous=False)  # fmt: skip
+
+
+def _experts(rows: torch.Tensor, a: torch.Tensor, name: str = "a") -> int:
+    """Checks the segment sizes and one activation; returns the number of experts."""
+    _shaped(name, a, [None, None], "R K", a.device if isinstance(a, torch.Tensor) else None)
+    check_tensor("rows", rows, dtype=torch.int32, shape=[None], dims=["E"], device=a.device)
+    return rows.shape[0]
+
+
 def linear(a: torch.Tensor, weights: list[torch.Tensor], rows: torch.Tensor) -> list[torch.Tensor]:
     """bf16 a [R, K] @ w[e]^T per segment for each w [E, N, K] (one launch) -> bf16 [R, N] each.
 
     Rows past the last segment are zero.
     """
+    experts = _experts(rows, a)
+    n = weights[0].shape[1] if weights and weights[0].dim() == 3 else None
+    for i, w in enumerate(weights):
+        _shaped(f"weights[{i}]", w, [experts, n, a.shape[1]], "E N K", a.device)
     a = _bf16(a)
     weights = [_bf16(w) for w in weights]
     outs = [a.new_empty((a.shape[0], w.shape[1])) for w in weights]
@@ -105,6 +124,7 @@ def linear_transposed(
 ) -> torch.Tensor:
     """a [R, K] @ w[e] per segment for w [E, K, N] -> fp32 [R, N]; rows past the segments are
     zero, or unspecified when not `zero_rest` (for buffers only the segments of are read)."""
+    _shaped("weight_t", weight_t, [_experts(rows, a), a.shape[1], None], "E K N", a.device)
     a, weight_t = _bf16(a), _bf16(weight_t)
     out = a.new_empty((a.shape[0], weight_t.shape[2]), dtype=torch.float32)
     total_rows = a.shape[0] if zero_rest else 0
@@ -117,6 +137,8 @@ def linear_sum(terms, rows: torch.Tensor) -> torch.Tensor:
     """Sum of a @ w[e] over two (a [R, K], w [E, K, N]) terms in fp32 -> bf16 [R, N]."""
     (a1, w1), (a2, w2) = terms
     partial = linear_transposed(a1, w1, rows, zero_rest=False)  # read within segments only
+    _shaped("a2", a2, [a1.shape[0], None], "R K2", a1.device)
+    _shaped("w2", w2, [rows.shape[0], a2.shape[1], partial.shape[1]], "E K2 N", a1.device)
     a2, w2 = _bf16(a2), _bf16(w2)
     out = a2.new_empty(partial.shape)
     _launch(Kind.LINEAR_ACCUMULATE, [(a2, w2, partial, out)], rows, out.shape[1], a2.shape[1],
@@ -127,6 +149,12 @@ def linear_sum(terms, rows: torch.Tensor) -> torch.Tensor:
 def weight_grads(pairs, rows: torch.Tensor) -> list[torch.Tensor]:
     """d_out[seg]^T @ a[seg] per expert for each (d_out [R, N], a [R, K]) pair of one shape
     (one launch) -> bf16 [E, N, K] each; experts without rows get exact zeros."""
+    first_d, first_a = pairs[0]
+    _experts(rows, first_a, "pairs[0][1] (a)")
+    rows_k = list(first_a.shape)
+    for i, (d_out, a) in enumerate(pairs):
+        _shaped(f"pairs[{i}][0] (d_out)", d_out, [rows_k[0], first_d.shape[-1]], "R N", a.device)
+        _shaped(f"pairs[{i}][1] (a)", a, rows_k, "R K", first_a.device)
     pairs = [(_bf16(d_out), _bf16(a)) for d_out, a in pairs]
     n_out, k_in = pairs[0][0].shape[1], pairs[0][1].shape[1]
     outs = [pairs[0][0].new_empty((rows.shape[0], n_out, k_in)) for _ in pairs]

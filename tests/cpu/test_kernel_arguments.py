@@ -1,0 +1,62 @@
+"""The CUDA kernel wrappers check every operand's shape before any launch (the kernels trust the
+sizes they are given): a mismatch is a ValueError naming the argument, a wrong index dtype a
+TypeError. These checks run before any device is touched, so they are tested on CPU tensors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mok.backends import cuda_experts, cuda_gemm
+
+ROWS = torch.tensor([256, 0], dtype=torch.int32)
+NUM_TOKENS = torch.tensor([256], dtype=torch.int32)
+
+
+def _t(*shape, dtype=torch.bfloat16):
+    return torch.zeros(shape, dtype=dtype)
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        (lambda: cuda_gemm.linear(_t(256, 16), [_t(2, 8, 24)], ROWS), ValueError,
+         r"`weights\[0\]` must be tensor \[E, N, K\] = \[2, 8, 16\], got bf16 \[2, 8, 24\]"),
+        (lambda: cuda_gemm.linear(_t(256, 16), [_t(2, 8, 16), _t(2, 16, 16)], ROWS), ValueError,
+         r"`weights\[1\]` must be tensor \[E, N, K\] = \[2, 8, 16\]"),
+        (lambda: cuda_gemm.linear(_t(256, 16), [_t(3, 8, 16)], ROWS), ValueError,
+         r"`weights\[0\]` must be tensor \[E, N, K\] = \[2, 8, 16\], got bf16 \[3, 8, 16\]"),
+        (lambda: cuda_gemm.linear(_t(256, 16), [_t(2, 8, 16)], ROWS.long()), TypeError,
+         r"`rows` must be int32 \[E\]"),
+        (lambda: cuda_gemm.linear(_t(256), [_t(2, 8, 16)], ROWS), ValueError,
+         r"`a` must be tensor \[R, K\]"),
+        (lambda: cuda_gemm.linear_transposed(_t(256, 16), _t(2, 8, 32), ROWS), ValueError,
+         r"`weight_t` must be tensor \[E, K, N\] = \[2, 16, \*\]"),
+        (lambda: cuda_gemm.weight_grads([(_t(128, 8), _t(256, 16))], ROWS), ValueError,
+         r"`pairs\[0\]\[0\] \(d_out\)` must be tensor \[R, N\] = \[256, 8\], got bf16 \[128, 8\]"),
+        (lambda: cuda_gemm.weight_grads([(_t(256, 8), _t(256, 16)), (_t(256, 8), _t(256, 8))],
+                                        ROWS), ValueError,
+         r"`pairs\[1\]\[1\] \(a\)` must be tensor \[R, K\] = \[256, 16\]"),
+        (lambda: cuda_experts.swiglu(_t(256, 64), _t(256, 32), NUM_TOKENS, None), ValueError,
+         r"`up` must be tensor \[R, I\] = \[256, 64\], got bf16 \[256, 32\]"),
+        (lambda: cuda_experts.swiglu(_t(256, 64), _t(256, 64), ROWS, None), ValueError,
+         r"`num_tokens` must be int32 \[1\]"),
+        (lambda: cuda_experts.swiglu_backward(_t(256, 64, dtype=torch.float32), _t(255),
+                                              _t(256, 64), _t(256, 64), _t(256, 64),
+                                              NUM_TOKENS, None), ValueError,
+         r"`router_weight` must be tensor \[R\] = \[256\]"),
+        (lambda: cuda_experts.swiglu_backward(_t(200, 64), _t(256), _t(256, 64), _t(256, 64),
+                                              _t(256, 64), NUM_TOKENS, None), ValueError,
+         r"`d_h` must be tensor \[R, I\] = \[256, 64\], got bf16 \[200, 64\]"),
+        (lambda: cuda_experts.scale_rows(_t(256, 64), _t(128), NUM_TOKENS), ValueError,
+         r"`weight` must be tensor \[R\] = \[256\]"),
+    ],
+    ids=[
+        "linear-K", "linear-N-differs", "linear-experts", "rows-dtype", "a-rank",
+        "transposed-K", "wgrad-rows", "wgrad-second-pair", "swiglu-up", "swiglu-num-tokens",
+        "swiglu-bwd-router-weight", "swiglu-bwd-d_h", "scale-rows-weight",
+    ],
+)  # fmt: skip
+def test_mismatched_operands_are_refused_before_any_launch(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
