@@ -22,6 +22,14 @@ inline __host__ __device__ size_t round_up(size_t bytes) {
 template <class Shape, class Element, class ElementC, class ElementD, class StrideA, class StrideB,
           class StrideC, class StrideD>
 struct GroupTables {
+  using ElementAB = Element;
+  using ElementSource = ElementC;  // void: no source term
+  using ElementOut = ElementD;
+  using StrideTypeA = StrideA;
+  using StrideTypeB = StrideB;
+  using StrideTypeC = StrideC;
+  using StrideTypeD = StrideD;
+
   Shape* shapes;
   const Element** a;
   const Element** b;
@@ -85,18 +93,18 @@ __global__ void fill_tables_kernel(GroupedArgs args, Tables tables) {
   for (int j = 0; j < e; ++j) row0 += args.rows[j];
   const int rows = args.rows[e];
   const OperandSet& s = args.sets[set];
-  using Element = std::remove_cv_t<std::remove_pointer_t<std::remove_pointer_t<decltype(tables.a)>>>;
-  using ElementC = std::remove_cv_t<std::remove_pointer_t<std::remove_pointer_t<decltype(tables.c)>>>;
-  using ElementD = std::remove_pointer_t<std::remove_pointer_t<decltype(tables.d)>>;
+  using Element = typename Tables::ElementAB;
+  using ElementC = typename Tables::ElementSource;
+  using ElementD = typename Tables::ElementOut;
+  using StrideA = typename Tables::StrideTypeA;
+  using StrideB = typename Tables::StrideTypeB;
+  using StrideC = typename Tables::StrideTypeC;
+  using StrideD = typename Tables::StrideTypeD;
   const auto* a = static_cast<const Element*>(s.a);
   const auto* b = static_cast<const Element*>(s.b);
   auto* d = static_cast<ElementD*>(s.d);
   const int64_t n = args.n;
   const int64_t k = args.k;
-  using StrideA = std::remove_pointer_t<decltype(tables.stride_a)>;
-  using StrideB = std::remove_pointer_t<decltype(tables.stride_b)>;
-  using StrideC = std::remove_pointer_t<decltype(tables.stride_c)>;
-  using StrideD = std::remove_pointer_t<decltype(tables.stride_d)>;
   if constexpr (kKind == Kind::kWeightGrad) {
     // M = k (output rows), N = n, K = the segment: A = a^T (M contiguous), B = b (N contiguous).
     // An empty segment gets no tiles (M = 0); zero_empty_experts writes its zeros.
@@ -163,11 +171,9 @@ cudaError_t fill_tables(const GroupedArgs& args, const Tables& tables, cudaStrea
   const int groups = args.num_sets * args.experts;
   fill_tables_kernel<kKind><<<1, kMaxGroups, 0, stream>>>(args, tables);
   if constexpr (kKind == Kind::kWeightGrad) {
-    using ElementD = std::remove_pointer_t<std::remove_pointer_t<decltype(tables.d)>>;
-    zero_empty_experts_kernel<ElementD><<<dim3(64, groups), 256, 0, stream>>>(args);
+    zero_empty_experts_kernel<typename Tables::ElementOut><<<dim3(64, groups), 256, 0, stream>>>(args);
   } else if (args.total_rows > 0) {
-    using ElementD = std::remove_pointer_t<std::remove_pointer_t<decltype(tables.d)>>;
-    const int64_t row_bytes = args.n * static_cast<int64_t>(sizeof(ElementD));
+    const int64_t row_bytes = args.n * static_cast<int64_t>(sizeof(typename Tables::ElementOut));
     zero_tail_kernel<><<<dim3(132, args.num_sets), 256, 0, stream>>>(args, row_bytes);
   }
   return cudaGetLastError();

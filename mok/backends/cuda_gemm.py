@@ -95,6 +95,12 @@ def _shaped(name: str, t: torch.Tensor, shape: list, dims: str, device: torch.de
                  contiguous=False)  # fmt: skip
 
 
+def _check_sets(name: str, sets: list) -> None:
+    """One launch carries one or two operand sets (the kernels' tables hold two)."""
+    if not 1 <= len(sets) <= 2:
+        raise ValueError(f"`{name}` must hold 1 or 2 operand sets, got {len(sets)}")
+
+
 def _experts(rows: torch.Tensor, a: torch.Tensor, name: str = "a") -> int:
     """Checks the segment sizes and one activation; returns the number of experts."""
     _shaped(name, a, [None, None], "R K", a.device if isinstance(a, torch.Tensor) else None)
@@ -107,8 +113,9 @@ def linear(a: torch.Tensor, weights: list[torch.Tensor], rows: torch.Tensor) -> 
 
     Rows past the last segment are zero.
     """
+    _check_sets("weights", weights)
     experts = _experts(rows, a)
-    n = weights[0].shape[1] if weights and weights[0].dim() == 3 else None
+    n = weights[0].shape[1] if weights[0].dim() == 3 else None
     for i, w in enumerate(weights):
         _shaped(f"weights[{i}]", w, [experts, n, a.shape[1]], "E N K", a.device)
     a = _bf16(a)
@@ -149,6 +156,7 @@ def linear_sum(terms, rows: torch.Tensor) -> torch.Tensor:
 def weight_grads(pairs, rows: torch.Tensor) -> list[torch.Tensor]:
     """d_out[seg]^T @ a[seg] per expert for each (d_out [R, N], a [R, K]) pair of one shape
     (one launch) -> bf16 [E, N, K] each; experts without rows get exact zeros."""
+    _check_sets("pairs", pairs)
     first_d, first_a = pairs[0]
     _experts(rows, first_a, "pairs[0][1] (a)")
     rows_k = list(first_a.shape)

@@ -37,6 +37,10 @@ def _t(*shape, dtype=torch.bfloat16):
         (lambda: cuda_gemm.weight_grads([(_t(256, 8), _t(256, 16)), (_t(256, 8), _t(256, 8))],
                                         ROWS), ValueError,
          r"`pairs\[1\]\[1\] \(a\)` must be tensor \[R, K\] = \[256, 16\]"),
+        (lambda: cuda_gemm.linear(_t(256, 16), [_t(2, 8, 16)] * 3, ROWS), ValueError,
+         r"`weights` must hold 1 or 2 operand sets, got 3"),
+        (lambda: cuda_gemm.weight_grads([], ROWS), ValueError,
+         r"`pairs` must hold 1 or 2 operand sets, got 0"),
         (lambda: cuda_experts.swiglu(_t(256, 64), _t(256, 32), NUM_TOKENS, None), ValueError,
          r"`up` must be tensor \[R, I\] = \[256, 64\], got bf16 \[256, 32\]"),
         (lambda: cuda_experts.swiglu(_t(256, 64), _t(256, 64), ROWS, None), ValueError,
@@ -53,8 +57,9 @@ def _t(*shape, dtype=torch.bfloat16):
     ],
     ids=[
         "linear-K", "linear-N-differs", "linear-experts", "rows-dtype", "a-rank",
-        "transposed-K", "wgrad-rows", "wgrad-second-pair", "swiglu-up", "swiglu-num-tokens",
-        "swiglu-bwd-router-weight", "swiglu-bwd-d_h", "scale-rows-weight",
+        "transposed-K", "wgrad-rows", "wgrad-second-pair", "three-sets", "no-pairs",
+        "swiglu-up", "swiglu-num-tokens", "swiglu-bwd-router-weight", "swiglu-bwd-d_h",
+        "scale-rows-weight",
     ],
 )  # fmt: skip
 def test_mismatched_operands_are_refused_before_any_launch(call, error, message):
