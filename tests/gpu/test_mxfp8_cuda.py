@@ -123,7 +123,6 @@ def test_backend_accepts_a_non_contiguous_input(seed):
 
 
 @requires_module
-@requires_module
 @pytest.mark.parametrize("special", [False, True], ids=["randn", "special-values"])
 @pytest.mark.parametrize("shape", [(128, 128), (384, 256), (2, 256, 512)], ids=str)
 def test_dequantize_matches_reference_bitwise(shape, special, seed):
@@ -151,6 +150,7 @@ def test_dequantize_rejects_mismatched_scales():
         cuda_backend.mxfp8_dequantize(data, torch.zeros(1, 1, 32, 16, dtype=torch.uint8))
 
 
+@requires_module
 def test_kernel_rejects_bad_arguments():
     module = _extension.module_for_device()
     x = torch.zeros(128, 128, dtype=torch.bfloat16, device="cuda")
