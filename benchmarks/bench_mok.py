@@ -13,6 +13,7 @@ not exist yet) is what is timed; the run records which one it was (harness.envir
 from __future__ import annotations
 
 import itertools
+import os
 
 import harness
 
@@ -105,3 +106,17 @@ def run_bf16(d, timer, shape, sets) -> dict:
 
 def run_mxfp8(d, timer, shape, sets) -> dict:
     return run(d, timer, shape, sets, mxfp8=True)
+
+
+def run_bf16_foreground(d, timer, shape, sets) -> dict:
+    """BF16 with every exchange in the foreground on all SMs (MOK_OVERLAP_CTAS=0): what running
+    them in the background of the shared expert buys, measured in the same run."""
+    before = os.environ.get("MOK_OVERLAP_CTAS")
+    os.environ["MOK_OVERLAP_CTAS"] = "0"
+    try:
+        return run(d, timer, shape, sets, mxfp8=False)
+    finally:
+        if before is None:
+            del os.environ["MOK_OVERLAP_CTAS"]
+        else:
+            os.environ["MOK_OVERLAP_CTAS"] = before

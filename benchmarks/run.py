@@ -30,6 +30,7 @@ import torch.nn.functional as F
 SYSTEMS = {
     bench_nccl_torch.NAME: bench_nccl_torch.run,
     "mok_bf16": bench_mok.run_bf16,
+    "mok_bf16_fg": bench_mok.run_bf16_foreground,
     "mok_mxfp8": bench_mok.run_mxfp8,
 }
 CHECKED = ("out", "d_x", "d_rw", "d_gate", "d_up", "d_down")

@@ -12,6 +12,7 @@ of the reference's table.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -137,11 +138,51 @@ class DenseGemms(ExpertEngine):
     quantize = staticmethod(cuda.mxfp8_quantize)
 
 
+_DEFAULT_BACKGROUND_CTAS = 32
+
+
+def background_ctas() -> int:
+    """CTAs of an exchange that runs in the background of GEMMs: MOK_OVERLAP_CTAS (default 32,
+    a quarter of an H100/H200, enough for NVLink at EP 2 and for local rows at ~1 TB/s);
+    0 runs every exchange in the foreground, on all SMs."""
+    text = os.environ.get("MOK_OVERLAP_CTAS", "")
+    try:
+        ctas = int(text) if text else _DEFAULT_BACKGROUND_CTAS
+    except ValueError:
+        ctas = -1
+    if ctas < 0:
+        raise ValueError(f"MOK_OVERLAP_CTAS must be a CTA count >= 0, got {text!r}")
+    return ctas
+
+
+_COMM_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def _comm_stream(device: torch.device) -> torch.cuda.Stream:
+    """One high-priority stream per device for background exchanges: the SM scheduler gives its
+    CTAs the next free SMs before more GEMM tiles, so the exchange starts as soon as it may."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _COMM_STREAMS:
+        highest = torch.cuda.Stream.priority_range()[1]
+        _COMM_STREAMS[index] = torch.cuda.Stream(torch.device("cuda", index), priority=highest)
+    return _COMM_STREAMS[index]
+
+
 class CudaEngine:
-    """mok.backends.moe's engine on one CUDA workspace."""
+    """mok.backends.moe's engine on one CUDA workspace.
+
+    A background exchange runs on the device's comm stream, which first waits for everything
+    enqueued so far on the current stream; `join()` makes the current stream wait for it. Its
+    outputs are allocated on the current stream and its inputs stay referenced by the pass until
+    the join, so the caching allocator never hands their memory out while the exchange runs.
+    Every op of the workspace still runs in one order (all exchanges on the comm stream between
+    a fork and its join), so the barriers' epochs stay in step across ranks.
+    """
 
     def __init__(self, workspace: MoKWorkspace):
         self.ws = workspace
+        self.ctas = background_ctas()
+        self._waiting: torch.cuda.Stream | None = None  # the stream to join, when forked
 
     @classmethod
     def for_buffers(cls, buffers: dict[str, torch.Tensor]) -> CudaEngine:
@@ -156,14 +197,39 @@ class CudaEngine:
                 )
         return cls(workspace)
 
-    def pull(self, name: str, schedule) -> torch.Tensor:
-        return cuda_comm.pull_rows(self.ws, name, schedule)
+    @contextlib.contextmanager
+    def _exchange(self, background: bool):
+        """Yields the CTA count for the exchange enqueued inside (None: the default, all SMs)."""
+        if not (background and self.ctas):
+            yield None
+            return
+        current = torch.cuda.current_stream(self.ws.device)
+        comm = _comm_stream(self.ws.device)
+        if self._waiting is None:
+            self._waiting = current
+        comm.wait_stream(current)
+        with torch.cuda.stream(comm):
+            yield self.ctas
 
-    def pull_router_weights(self, schedule) -> torch.Tensor:
-        return cuda_comm.pull_router_weights(self.ws, schedule)
+    def join(self) -> None:
+        if self._waiting is not None:
+            self._waiting.wait_stream(_comm_stream(self.ws.device))
+            self._waiting = None
 
-    def push(self, rows: torch.Tensor, schedule, name: str) -> None:
-        cuda_comm.push_rows(self.ws, rows, schedule, name)
+    def pull(self, name: str, schedule, background: bool = False) -> torch.Tensor:
+        source = getattr(self.ws, name)
+        out = source.new_empty((schedule[0].shape[0], *source.shape[1:]))
+        with self._exchange(background) as ctas:
+            return cuda_comm.pull_rows(self.ws, name, schedule, out, num_ctas=ctas)
+
+    def pull_router_weights(self, schedule, background: bool = False) -> torch.Tensor:
+        out = self.ws.router_weight_buffer.new_empty(schedule[0].shape[0])
+        with self._exchange(background) as ctas:
+            return cuda_comm.pull_router_weights(self.ws, schedule, out, num_ctas=ctas)
+
+    def push(self, rows: torch.Tensor, schedule, name: str, background: bool = False) -> None:
+        with self._exchange(background) as ctas:
+            cuda_comm.push_rows(self.ws, rows, schedule, name, num_ctas=ctas)
 
     @staticmethod
     def routed_gemms(schedule, num_experts: int) -> ExpertEngine:

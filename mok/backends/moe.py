@@ -4,15 +4,19 @@ These are the bodies of the `dispatch_mlp_swiglu_combine_{fwd,bwd}_{bf16,mxfp8}`
 engine supplies the communication and the GEMMs (reference: collectives and masked fp32
 products; CUDA: NVLink kernels and grouped GEMMs):
 
-| engine method                 | does                                                        |
-|-------------------------------|-------------------------------------------------------------|
-| pull(name, schedule)          | dispatch: one row per schedule row from the sources' buffer |
-| pull_router_weights(schedule) | the fp32 router weight of each schedule row                 |
-| push(rows, schedule, name)    | combine: each row into its source rank's buffer slot         |
-| routed_gemms(schedule, E)     | GEMM engine over the schedule's expert segments             |
-| shared_gemms(tokens)          | GEMM engine for the shared expert (one expert, every row)    |
+| engine method                             | does                                             |
+|-------------------------------------------|--------------------------------------------------|
+| pull(name, schedule, background)          | dispatch: one row per schedule row from sources  |
+| pull_router_weights(schedule, background) | the fp32 router weight of each schedule row      |
+| push(rows, schedule, name, background)    | combine: each row into its source rank's slot    |
+| join()                                    | later work waits for the background exchanges    |
+| routed_gemms(schedule, E)                 | GEMM engine over the schedule's expert segments  |
+| shared_gemms(tokens)                      | GEMM engine for the shared expert (every row)    |
 
-Routed tensors have one row per schedule row (C).
+Routed tensors have one row per schedule row (C). `background=True` lets an engine run the
+exchange concurrently with the work enqueued after it, up to the next `join()`; the passes ask
+for it only where the shared expert's GEMMs, which need nothing from the exchange, are there to
+overlap with it. The results do not depend on it.
 """
 
 from __future__ import annotations
@@ -30,25 +34,29 @@ def _shared_forward(engine, x, shared, limit):
 
 
 def _shared_backward(engine, d_out, x, saved, shared, limit):
+    """The shared expert's data gradients (d_x, d_gate, d_up, d_hidden) and the callable that
+    computes its weight gradients (d_W_gate, d_W_up, d_W_down)."""
     if shared is None:
-        return (None,) * 7
+        return (None,) * 4, lambda: (None,) * 3
     gate, up, hidden = saved
     weights = tuple(w.unsqueeze(0) for w in shared)
     ones = x.new_ones(x.shape[0], dtype=torch.float32)
     gemm = engine.shared_gemms(x.shape[0])
-    out = experts.backward_bf16(d_out, ones, x, gate, up, hidden, weights, gemm, limit)
-    d_x, _, d_gate, d_up, d_hidden, d_w_gate, d_w_up, d_w_down = out
-    return d_x, d_gate, d_up, d_hidden, d_w_gate[0], d_w_up[0], d_w_down[0]
+    data, weight_grads = experts.backward_bf16(
+        d_out, ones, x, gate, up, hidden, weights, gemm, limit
+    )
+    d_x, _, d_gate, d_up, d_hidden = data
+    return (d_x, d_gate, d_up, d_hidden), lambda: tuple(g[0] for g in weight_grads())
 
 
 def forward(engine, x, shared, routed, schedule, limit, mxfp8: bool):
     """Returns (routed ctx list, y_routed, shared (gate, up, hidden, y)); fills combine_buffer.
 
-    The shared expert goes first: it needs nothing from the exchange, so its GEMMs keep the GPU
-    busy while the host enqueues the routed stages (the results do not depend on the order).
+    The dispatch runs in the background of the shared expert, which needs nothing from it.
     """
+    x_rows = engine.pull("x_buffer", schedule, background=shared is not None)
     shared_out = _shared_forward(engine, x, shared, limit)
-    x_rows = engine.pull("x_buffer", schedule)
+    engine.join()
     num_experts = schedule[3].shape[0]
     gemm = engine.routed_gemms(schedule, num_experts)
     if mxfp8:
@@ -63,23 +71,29 @@ def forward(engine, x, shared, routed, schedule, limit, mxfp8: bool):
 def backward(engine, d_y, shared, routed, saved, shared_saved, x, schedule, limit, mxfp8: bool):
     """One backward pass; pushes d_x rows and router-weight gradients to the source ranks.
 
-    Returns (d_x_shared, d_x_routed, d_gate_shared, d_gate_routed, d_up_shared, d_up_routed,
-    d_hidden_shared, d_hidden_routed, d_w_shared_gate, d_w_routed_gate, d_w_shared_up,
-    d_w_routed_up, d_w_shared_down, d_w_routed_down).
+    The pulls run in the background of the shared expert's data gradients, the pushes in the
+    background of its weight gradients. Returns (d_x_shared, d_x_routed, d_gate_shared,
+    d_gate_routed, d_up_shared, d_up_routed, d_hidden_shared, d_hidden_routed, d_w_shared_gate,
+    d_w_routed_gate, d_w_shared_up, d_w_routed_up, d_w_shared_down, d_w_routed_down).
     """
-    d_x_s, d_gate_s, d_up_s, d_hidden_s, d_wg_s, d_wu_s, d_wd_s = _shared_backward(
+    overlap = shared is not None
+    d_out_rows = engine.pull("d_y_buffer", schedule, background=overlap)
+    rw_rows = engine.pull_router_weights(schedule, background=overlap)
+    (d_x_s, d_gate_s, d_up_s, d_hidden_s), shared_weight_grads = _shared_backward(
         engine, d_y, x, shared_saved, shared, limit
-    )  # first, as in forward
-    d_out_rows = engine.pull("d_y_buffer", schedule)
-    rw_rows = engine.pull_router_weights(schedule)
+    )
+    engine.join()
     gemm = engine.routed_gemms(schedule, schedule[3].shape[0])
     if mxfp8:
         routed_out = experts.backward_mxfp8(d_out_rows, rw_rows, saved, routed, gemm, limit)
     else:
         routed_out = experts.backward_bf16(d_out_rows, rw_rows, *saved, routed, gemm, limit)
-    d_x_r, d_rw, d_gate_r, d_up_r, d_hidden_r, d_w_gate, d_w_up, d_w_down = routed_out
-    engine.push(d_x_r, schedule, "d_x_routed_buffer")
-    engine.push(d_rw, schedule, "d_router_weight_buffer")
+    (d_x_r, d_rw, d_gate_r, d_up_r, d_hidden_r), routed_weight_grads = routed_out
+    engine.push(d_x_r, schedule, "d_x_routed_buffer", background=overlap)
+    engine.push(d_rw, schedule, "d_router_weight_buffer", background=overlap)
+    d_wg_s, d_wu_s, d_wd_s = shared_weight_grads()
+    engine.join()
+    d_w_gate, d_w_up, d_w_down = routed_weight_grads()
     return (
         d_x_s, d_x_r, d_gate_s, d_gate_r, d_up_s, d_up_r, d_hidden_s, d_hidden_r,
         d_wg_s, d_w_gate, d_wu_s, d_w_up, d_wd_s, d_w_down,

@@ -141,16 +141,21 @@ class ReferenceEngine:
     def __init__(self, buffers: dict[str, torch.Tensor], topk: int, group_name: str):
         self.buffers, self.topk, self.group_name = buffers, topk, group_name
 
-    def pull(self, name: str, schedule) -> torch.Tensor:
+    # The collectives complete in call order, so `background` changes nothing here.
+    def pull(self, name: str, schedule, background: bool = False) -> torch.Tensor:
         return pull_rows(self.buffers[name], schedule[0], schedule[1], self.topk, self.group_name)
 
-    def pull_router_weights(self, schedule) -> torch.Tensor:
+    def pull_router_weights(self, schedule, background: bool = False) -> torch.Tensor:
         weights = self.buffers["router_weight_buffer"]
         return pull_router_weights(weights, schedule[0], schedule[1], self.group_name)
 
-    def push(self, rows: torch.Tensor, schedule, name: str) -> None:
+    def push(self, rows: torch.Tensor, schedule, name: str, background: bool = False) -> None:
         destination = self.buffers[name].view(-1, *rows.shape[1:])
         push_rows(rows, schedule[0], schedule[1], destination, self.group_name)
+
+    @staticmethod
+    def join() -> None:
+        return None
 
     @staticmethod
     def routed_gemms(schedule, num_experts: int) -> experts.MaskedGemms:

@@ -189,7 +189,9 @@ def forward_mxfp8(x_rows, w_gate, w_up, w_down, gemm, limit):
 def backward_bf16(d_out_rows, rw_rows, x_rows, gate, up, hidden, weights, gemm, limit):
     """Backward of one expert group. weights = (W_gate, W_up, W_down) bf16.
 
-    Returns (d_x, d_router_weight, d_gate, d_up, d_hidden, d_W_gate, d_W_up, d_W_down).
+    Returns ((d_x, d_router_weight, d_gate, d_up, d_hidden), weight_grads): the data gradients
+    now, and `weight_grads()`, which runs the weight-gradient GEMMs when called and returns
+    (d_W_gate, d_W_up, d_W_down) bf16, so a caller can send the data gradients on their way first.
     """
     w_gate, w_up, w_down = weights
     d_h = gemm.linear(d_out_rows, w_down.transpose(1, 2))
@@ -200,7 +202,8 @@ def backward_bf16(d_out_rows, rw_rows, x_rows, gate, up, hidden, weights, gemm, 
 
 def backward_mxfp8(d_out_rows, rw_rows, ctx, weights, gemm, limit):
     """MXFP8 backward. ctx = (x_t, gate_q, up_q, hidden_t) as saved by forward_mxfp8;
-    weights = ((W_g fp8, sc, fp8_t, sc_t), (W_u ...), (W_d fp8_t, sc_t)).
+    weights = ((W_g fp8, sc, fp8_t, sc_t), (W_u ...), (W_d fp8_t, sc_t)). Returns as
+    `backward_bf16`.
     """
     x_t, gate_q, up_q, hidden_t = ctx
     (_, _, g_t, g_t_sc), (_, _, u_t, u_t_sc), down_t = weights
@@ -234,11 +237,14 @@ def _backward_tail(d_h, d_out, rw, x, gate, up, hidden, weights, gemm, limit, mx
     dgrad_in = (mx_round(d_gate, gemm), mx_round(d_up, gemm)) if mx else (d_gate, d_up)
     dgrad_terms = ((dgrad_in[0], w_gate.transpose(1, 2)), (dgrad_in[1], w_up.transpose(1, 2)))
     d_x = gemm.linear_sum(dgrad_terms).to(torch.bfloat16)
-    d_y = gemm.scale_rows(d_out, rw)
-    wgrad_in = (
-        tuple(mx_round_rows(t, gemm) for t in (d_gate, d_up, d_y)) if mx else (d_gate, d_up, d_y)
-    )
-    d_w_gate, d_w_up = gemm.weight_grads(((wgrad_in[0], x), (wgrad_in[1], x)))
-    d_w_down = gemm.weight_grad(wgrad_in[2], hidden)
-    bf16 = [t.to(torch.bfloat16) for t in (d_w_gate, d_w_up, d_w_down)]
-    return (d_x, d_router_weight, d_gate, d_up, d_hidden, *bf16)
+
+    def weight_grads() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        d_y = gemm.scale_rows(d_out, rw)
+        wgrad_in = (d_gate, d_up, d_y)
+        if mx:
+            wgrad_in = tuple(mx_round_rows(t, gemm) for t in wgrad_in)
+        d_w_gate, d_w_up = gemm.weight_grads(((wgrad_in[0], x), (wgrad_in[1], x)))
+        d_w_down = gemm.weight_grad(wgrad_in[2], hidden)
+        return tuple(t.to(torch.bfloat16) for t in (d_w_gate, d_w_up, d_w_down))
+
+    return (d_x, d_router_weight, d_gate, d_up, d_hidden), weight_grads

@@ -23,11 +23,11 @@ if not (BENCHMARKS / "run.py").exists():
     pytest.skip(f"benchmarks/ is not next to the tests ({BENCHMARKS})", allow_module_level=True)
 
 EP_SIZES = (1, 2)
-SYSTEMS = ("nccl_torch", "mok_bf16", "mok_mxfp8")
+SYSTEMS = ("nccl_torch", "mok_bf16", "mok_bf16_fg", "mok_mxfp8")
 SMOKE_SHAPES = ("tiny", "tiny-noshared")
 CHECKED = ("out", "d_x", "d_rw", "d_gate", "d_up", "d_down")
 # Σ|diff| / Σ|ref| bounds against float64 (the original's tolerances): BF16 0.01, MXFP8 0.1.
-BOUND = {"nccl_torch": 0.01, "mok_bf16": 0.01, "mok_mxfp8": 0.1}
+BOUND = {"nccl_torch": 0.01, "mok_bf16": 0.01, "mok_bf16_fg": 0.01, "mok_mxfp8": 0.1}
 
 
 @functools.cache

@@ -199,6 +199,20 @@ def test_bitwise_deterministic(nccl_group, mode):
             assert torch.equal(a, b), f"{name} changed between identical runs"
 
 
+@pytest.mark.parametrize("mode", ["bf16", "mxfp8"])
+def test_background_exchanges_change_no_bit(nccl_group, monkeypatch, mode):
+    """Exchanges overlapped with the shared expert give the bits of foreground ones; one CTA
+    (MOK_OVERLAP_CTAS=1) makes them run long, so a missing wait or an early free would show."""
+    data = _make(CASES["dsv4-like"], _seed())
+    config, ws = _workspace(nccl_group, data)
+    monkeypatch.setenv("MOK_OVERLAP_CTAS", "0")
+    foreground, _ = step(ws, config, data, mode)
+    monkeypatch.setenv("MOK_OVERLAP_CTAS", "1")
+    background, _ = step(ws, config, data, mode)
+    for name, a, b in zip(("out", *GRAD_NAMES), foreground, background, strict=True):
+        assert torch.equal(a, b), f"{name}: background exchanges changed the result"
+
+
 def test_cuda_graph_step_replays_with_new_inputs(nccl_group):
     seed = _seed()
     data = _make(CASES["qwen3-235b-like"], seed)

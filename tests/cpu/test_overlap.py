@@ -1,0 +1,108 @@
+"""Where the passes run exchanges in the background (mok.backends.moe) and the knob that sizes
+them (MOK_OVERLAP_CTAS). The GPU side, bitwise equality with foreground exchanges, is in
+tests/gpu/test_functional_cuda.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mok.backends import moe
+from mok.backends import reference_experts as experts
+from mok.backends.cuda_moe import background_ctas
+
+HIDDEN, INTER, EXPERTS, SEGMENT = 128, 64, 2, 256
+ROWS = EXPERTS * SEGMENT
+
+
+class RecordingEngine:
+    """An EP-1 engine whose exchanges return random rows and record how they were asked for;
+    it fails a pass that starts the routed GEMMs while a background exchange is not joined."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, bool]] = []
+        self.pending = False
+        self.gen = torch.Generator().manual_seed(0)
+
+    def _exchange(self, kind: str, background: bool) -> None:
+        self.log.append((kind, background))
+        self.pending |= background
+
+    def pull(self, name, schedule, background=False):
+        self._exchange(f"pull {name}", background)
+        return torch.randn(ROWS, HIDDEN, generator=self.gen).to(torch.bfloat16)
+
+    def pull_router_weights(self, schedule, background=False):
+        self._exchange("pull router weights", background)
+        return torch.rand(ROWS, generator=self.gen)
+
+    def push(self, rows, schedule, name, background=False):
+        self._exchange(f"push {name}", background)
+
+    def join(self) -> None:
+        self.log.append(("join", False))
+        self.pending = False
+
+    def routed_gemms(self, schedule, num_experts):
+        assert not self.pending, "routed GEMMs enqueued before the background exchange joined"
+        row_expert = experts.row_experts(schedule[3], schedule[2], ROWS)
+        return experts.MaskedGemms(row_expert, num_experts)
+
+    @staticmethod
+    def shared_gemms(tokens):
+        return experts.MaskedGemms(torch.zeros(tokens, dtype=torch.int64), 1)
+
+
+def _weights(gen, experts_count):
+    def w(*shape):
+        return (torch.randn(*shape, generator=gen) / shape[-1] ** 0.5).to(torch.bfloat16)
+
+    return (w(experts_count, INTER, HIDDEN), w(experts_count, INTER, HIDDEN),
+            w(experts_count, HIDDEN, INTER))  # fmt: skip
+
+
+def _run_step(with_shared: bool) -> RecordingEngine:
+    gen = torch.Generator().manual_seed(1)
+    tokens = 64
+    schedule = (
+        torch.zeros(ROWS, dtype=torch.int32),
+        torch.arange(ROWS, dtype=torch.int32),
+        torch.tensor([ROWS], dtype=torch.int32),
+        torch.full((EXPERTS,), SEGMENT, dtype=torch.int32),
+    )
+    x = torch.randn(tokens, HIDDEN, generator=gen).to(torch.bfloat16)
+    routed = _weights(gen, EXPERTS)
+    shared = tuple(w[0] for w in _weights(gen, 1)) if with_shared else None
+    engine = RecordingEngine()
+    saved, _, shared_out = moe.forward(engine, x, shared, routed, schedule, None, False)
+    assert not engine.pending, "forward returned with a background exchange not joined"
+    shared_saved = shared_out[:3] if with_shared else None
+    moe.backward(engine, x, shared, routed, saved, shared_saved, x, schedule, None, False)
+    assert not engine.pending, "backward returned with a background exchange not joined"
+    return engine
+
+
+def test_exchanges_overlap_the_shared_expert_only():
+    backgrounds = [kind for kind, bg in _run_step(with_shared=True).log if bg]
+    assert backgrounds == [
+        "pull x_buffer",
+        "pull d_y_buffer",
+        "pull router weights",
+        "push d_x_routed_buffer",
+        "push d_router_weight_buffer",
+    ]
+    assert not any(bg for _, bg in _run_step(with_shared=False).log)
+
+
+def test_overlap_ctas_knob(monkeypatch):
+    monkeypatch.delenv("MOK_OVERLAP_CTAS", raising=False)
+    assert background_ctas() == 32
+    monkeypatch.setenv("MOK_OVERLAP_CTAS", "0")
+    assert background_ctas() == 0
+
+
+@pytest.mark.parametrize("text", ["-1", "many", "2.5"])
+def test_overlap_ctas_rejects_bad_values(monkeypatch, text):
+    monkeypatch.setenv("MOK_OVERLAP_CTAS", text)
+    with pytest.raises(ValueError, match="MOK_OVERLAP_CTAS must be a CTA count >= 0"):
+        background_ctas()
