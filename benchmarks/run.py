@@ -6,8 +6,10 @@
 EP is the number of ranks. Results of an earlier run with another EP in the same DIR are kept
 (one entry per EP in `runs`), so EP 1 and EP 2 go to one file. `--smoke` runs on CPU (gloo, the
 reference backend) with tiny shapes and a few iterations, and also checks every system against a
-float64 dense formulation. Systems run in the order given, each over all shapes, so a run that
-hits --deadline-s loses the last system's largest shapes first (recorded as skipped).
+float64 dense formulation. Shapes run in the order given, each with every system back to back
+(in the order given, the baseline first by default), so the systems compared on a shape meet the
+GPU in the same state (clocks and temperature drift over a run of minutes), and a run that hits
+--deadline-s loses the last shapes first (recorded as skipped).
 """
 
 from __future__ import annotations
@@ -224,8 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         session = Session(args, d)
         session.floors()
-        for system in args.systems:
-            for shape in args.shapes:
+        for shape in args.shapes:
+            for system in args.systems:
                 row = session.one(system, shape)
                 session.run["records"].append(row)
                 if d.rank == 0:

@@ -112,30 +112,52 @@ def _use_mok_gemms(device: torch.device) -> bool:
 
 class DenseGemms(ExpertEngine):
     """The shared expert: one expert over every token row (cuBLAS GEMMs storing bf16, or fp32
-    where the math keeps fp32; mok's elementwise kernels)."""
+    where the math keeps fp32; mok's elementwise kernels).
+
+    `free_sms()` says how many SMs a background exchange needs at the time of each GEMM call
+    (0: none runs); cuBLAS then sizes its kernels for the rest (PyTorch's SM carve-out), so the
+    exchange's CTAs find their SMs even though cuBLAS's persistent kernels start first.
+    """
 
     num_experts = 1
 
-    def __init__(self, tokens: int, device: torch.device):
+    def __init__(self, tokens: int, device: torch.device, free_sms=lambda: 0):
         # A fill kernel, not a host copy, so the step stays capturable in a CUDA graph.
         self.num_tokens = torch.full((1,), tokens, dtype=torch.int32, device=device)
+        self.free_sms = free_sms
 
-    @staticmethod
-    def linear(a: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    def linear(self, a: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         a, w_t = a.to(torch.bfloat16), weight[0].to(torch.bfloat16).T
-        if _transposed_view(weight):  # the backward's W^T: d_h stays fp32
-            return torch.mm(a, w_t, out_dtype=_F32)
-        return torch.mm(a, w_t)
+        with sm_carveout(self.free_sms()):
+            if _transposed_view(weight):  # the backward's W^T: d_h stays fp32
+                return torch.mm(a, w_t, out_dtype=_F32)
+            return torch.mm(a, w_t)
 
-    @staticmethod
-    def weight_grad(d_out: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    def weight_grad(self, d_out: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
         """bf16 d_out^T a, accumulated in fp32 and rounded once (cuBLAS's bf16 output)."""
-        return torch.mm(d_out.to(torch.bfloat16).T, a.to(torch.bfloat16))[None]
+        with sm_carveout(self.free_sms()):
+            return torch.mm(d_out.to(torch.bfloat16).T, a.to(torch.bfloat16))[None]
 
     swiglu = HopperGemms.swiglu
     swiglu_backward = HopperGemms.swiglu_backward
     scale_rows = HopperGemms.scale_rows
     quantize = staticmethod(cuda.mxfp8_quantize)
+
+
+@contextlib.contextmanager
+def sm_carveout(sms: int):
+    """cuBLAS calls inside leave `sms` SMs unused (torch's experimental carve-out, as its async
+    tensor parallelism uses for NCCL); nothing changes for 0 or where torch lacks the hook."""
+    setter = getattr(torch._C, "_set_sm_carveout_experimental", None)
+    if not sms or setter is None:
+        yield
+        return
+    before = torch._C._get_sm_carveout_experimental()
+    setter(sms)
+    try:
+        yield
+    finally:
+        setter(before)
 
 
 _DEFAULT_BACKGROUND_CTAS = 32
@@ -238,4 +260,8 @@ class CudaEngine:
         return GroupedGemms(schedule, num_experts)
 
     def shared_gemms(self, tokens: int) -> DenseGemms:
-        return DenseGemms(tokens, self.ws.device)
+        return DenseGemms(tokens, self.ws.device, self._background_sms)
+
+    def _background_sms(self) -> int:
+        """SMs to leave to the background exchange that is running now (0 when none is)."""
+        return self.ctas if self._waiting is not None else 0
