@@ -233,6 +233,10 @@ class CudaEngine:
         with torch.cuda.stream(comm):
             yield self.ctas
 
+    @property
+    def topk(self) -> int:
+        return self.ws.topk
+
     def join(self) -> None:
         if self._waiting is not None:
             self._waiting.wait_stream(_comm_stream(self.ws.device))

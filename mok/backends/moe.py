@@ -12,11 +12,12 @@ products; CUDA: NVLink kernels and grouped GEMMs):
 | join()                                    | later work waits for the background exchanges    |
 | routed_gemms(schedule, E)                 | GEMM engine over the schedule's expert segments  |
 | shared_gemms(tokens)                      | GEMM engine for the shared expert (every row)    |
+| topk                                      | routes per token                                 |
 
 Routed tensors have one row per schedule row (C). `background=True` lets an engine run the
 exchange concurrently with the work enqueued after it, up to the next `join()`; the passes ask
-for it only where the shared expert's GEMMs, which need nothing from the exchange, are there to
-overlap with it. The results do not depend on it.
+for it only where the shared expert's GEMMs, which need nothing from the exchange, are long
+enough to hide it (`overlaps_shared`). The results do not depend on it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,17 @@ from __future__ import annotations
 import torch
 
 from mok.backends import reference_experts as experts
+
+# The shared expert's GEMMs take ~6·T·H·I_s FLOPs per pass phase, an exchange moves ~2·T·k·H
+# bytes; at H200's ~650 TFLOP/s and the ~650 GB/s a background exchange reaches on a quarter of
+# the SMs, the GEMMs outlast the exchange from I_s ≈ 330·k. Measured (benchmarks/NOTES.md v4):
+# DSV4-Pro-like (I_s 3072, top-6) gains, Qwen3.5-like (I_s 1024, top-10) loses.
+MIN_SHARED_INTER_PER_TOPK = 330
+
+
+def overlaps_shared(shared, topk: int) -> bool:
+    """Whether the passes run their exchanges in the background of this shared expert."""
+    return shared is not None and shared[0].shape[0] >= MIN_SHARED_INTER_PER_TOPK * topk
 
 
 def _shared_forward(engine, x, shared, limit):
@@ -52,9 +64,9 @@ def _shared_backward(engine, d_out, x, saved, shared, limit):
 def forward(engine, x, shared, routed, schedule, limit, mxfp8: bool):
     """Returns (routed ctx list, y_routed, shared (gate, up, hidden, y)); fills combine_buffer.
 
-    The dispatch runs in the background of the shared expert, which needs nothing from it.
+    The dispatch runs in the background of a large shared expert, which needs nothing from it.
     """
-    x_rows = engine.pull("x_buffer", schedule, background=shared is not None)
+    x_rows = engine.pull("x_buffer", schedule, background=overlaps_shared(shared, engine.topk))
     shared_out = _shared_forward(engine, x, shared, limit)
     engine.join()
     num_experts = schedule[3].shape[0]
@@ -71,12 +83,13 @@ def forward(engine, x, shared, routed, schedule, limit, mxfp8: bool):
 def backward(engine, d_y, shared, routed, saved, shared_saved, x, schedule, limit, mxfp8: bool):
     """One backward pass; pushes d_x rows and router-weight gradients to the source ranks.
 
-    The pulls run in the background of the shared expert's data gradients, the pushes in the
-    background of its weight gradients. Returns (d_x_shared, d_x_routed, d_gate_shared,
-    d_gate_routed, d_up_shared, d_up_routed, d_hidden_shared, d_hidden_routed, d_w_shared_gate,
-    d_w_routed_gate, d_w_shared_up, d_w_routed_up, d_w_shared_down, d_w_routed_down).
+    With a large shared expert, the pulls run in the background of its data gradients and the
+    pushes in the background of its weight gradients. Returns (d_x_shared, d_x_routed,
+    d_gate_shared, d_gate_routed, d_up_shared, d_up_routed, d_hidden_shared, d_hidden_routed,
+    d_w_shared_gate, d_w_routed_gate, d_w_shared_up, d_w_routed_up, d_w_shared_down,
+    d_w_routed_down).
     """
-    overlap = shared is not None
+    overlap = overlaps_shared(shared, engine.topk)
     d_out_rows = engine.pull("d_y_buffer", schedule, background=overlap)
     rw_rows = engine.pull_router_weights(schedule, background=overlap)
     (d_x_s, d_gate_s, d_up_s, d_hidden_s), shared_weight_grads = _shared_backward(
