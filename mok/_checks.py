@@ -51,22 +51,31 @@ def check_tensor(
     contiguous: bool = True,
 ) -> torch.Tensor:
     """Check one tensor argument: type, dtype (None = any: the caller converts), shape (None =
-    any size), device, contiguity."""
-    expected = f"{'tensor' if dtype is None else dtype_name(dtype)} {_shape_text(dims, shape)}"
+    any size), device, contiguity. Runs on every call of every entry point, so the message is
+    only built for a failure."""
+
+    def expected() -> str:
+        return f"{'tensor' if dtype is None else dtype_name(dtype)} {_shape_text(dims, shape)}"
+
     if not isinstance(value, torch.Tensor):
-        raise TypeError(f"`{name}` must be a tensor ({expected}), got {describe(value)}")
+        raise TypeError(f"`{name}` must be a tensor ({expected()}), got {describe(value)}")
     if dtype is not None and value.dtype != dtype:
-        raise TypeError(f"`{name}` must be {expected}, got {describe(value)}")
-    matches = value.dim() == len(shape) and all(
-        want is None or got == want for got, want in zip(value.shape, shape, strict=True)
+        raise TypeError(f"`{name}` must be {expected()}, got {describe(value)}")
+    got_shape = value.shape
+    matches = len(got_shape) == len(shape) and all(
+        want is None or got == want for got, want in zip(got_shape, shape, strict=True)
     )
     if not matches:
-        raise ValueError(f"`{name}` must be {expected}, got {describe(value)}")
-    if device is not None and value.device != torch.device(device):
+        raise ValueError(f"`{name}` must be {expected()}, got {describe(value)}")
+    if device is not None and value.device != _as_device(device):
         raise ValueError(f"`{name}` must be on {device}, got {describe(value)}")
     if contiguous and not value.is_contiguous():
         raise ValueError(f"`{name}` must be contiguous, got strides {list(value.stride())}")
     return value
+
+
+def _as_device(device) -> torch.device:
+    return device if isinstance(device, torch.device) else torch.device(device)
 
 
 def check_multiple(name: str, value: int, multiple: int, *, minimum: int = 1) -> int:
