@@ -155,6 +155,13 @@ def mx_round_rows(t: torch.Tensor, gemm) -> torch.Tensor:
     return gemm.dequantize(data_t, scales_t, transposed=True)
 
 
+def mx_round_both(t: torch.Tensor, gemm):
+    """`mx_round(t)` and t's row-blocked MXFP8 pair (for a weight gradient) from one quantizer
+    pass: the kernel writes both layouts of the same blocks, bit for bit as two passes would."""
+    data, scales, data_t, scales_t = gemm.quantize(t.to(torch.bfloat16), True, True)
+    return gemm.dequantize(data, scales), (data_t, scales_t)
+
+
 def _dequant(pair, gemm, transposed: bool = False) -> torch.Tensor:
     data, scales = pair
     return gemm.dequantize(data, scales, transposed)
@@ -174,15 +181,14 @@ def forward_mxfp8(x_rows, w_gate, w_up, w_down, gemm, limit):
     Output: (x_t, gate_q, up_q, hidden_t, y) where x_t/hidden_t are transposed (fp8, scale)
     pairs (blocks along rows, for the weight gradients) and gate_q/up_q normal pairs.
     """
-    xq = mx_round(x_rows, gemm)
+    xq, x_t = mx_round_both(x_rows, gemm)
     weights = (_dequant(w_gate, gemm), _dequant(w_up, gemm))
     gate, up = (t.to(torch.bfloat16) for t in gemm.linears(xq, weights))
     hidden = gemm.swiglu(gate, up, limit)
-    y = gemm.linear(mx_round(hidden, gemm), _dequant(w_down, gemm)).to(torch.bfloat16)
-    x_t = gemm.quantize(x_rows, False, True)[2:]
+    hidden_q, hidden_t = mx_round_both(hidden, gemm)
+    y = gemm.linear(hidden_q, _dequant(w_down, gemm)).to(torch.bfloat16)
     gate_q = gemm.quantize(gate, True, False)[:2]
     up_q = gemm.quantize(up, True, False)[:2]
-    hidden_t = gemm.quantize(hidden, False, True)[2:]
     return x_t, gate_q, up_q, hidden_t, y
 
 
