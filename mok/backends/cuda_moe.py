@@ -242,20 +242,35 @@ class CudaEngine:
             self._waiting.wait_stream(_comm_stream(self.ws.device))
             self._waiting = None
 
-    def pull(self, name: str, schedule, background: bool = False) -> torch.Tensor:
+    def pull(self, name: str, schedule, background: bool = False, *, sync=(True, True)):
+        """`sync` = (barrier before, barrier after), as cuda_comm.pull_rows's flags."""
         source = getattr(self.ws, name)
         out = source.new_empty((schedule[0].shape[0], *source.shape[1:]))
+        before, after = sync
         with self._exchange(background) as ctas:
-            return cuda_comm.pull_rows(self.ws, name, schedule, out, num_ctas=ctas)
+            return cuda_comm.pull_rows(
+                self.ws, name, schedule, out, sync_before=before, sync_after=after, num_ctas=ctas
+            )
 
-    def pull_router_weights(self, schedule, background: bool = False) -> torch.Tensor:
+    def pull_router_weights(self, schedule, background: bool = False, *, sync=(True, True)):
         out = self.ws.router_weight_buffer.new_empty(schedule[0].shape[0])
+        before, after = sync
         with self._exchange(background) as ctas:
-            return cuda_comm.pull_router_weights(self.ws, schedule, out, num_ctas=ctas)
+            return cuda_comm.pull_router_weights(
+                self.ws, schedule, out, sync_before=before, sync_after=after, num_ctas=ctas
+            )
 
-    def push(self, rows: torch.Tensor, schedule, name: str, background: bool = False) -> None:
+    def push_all(self, pushes, schedule, background: bool = False) -> None:
+        """Combine each (rows, destination name): every destination zeroed, one barrier, the
+        pushes, one barrier (not two per push)."""
         with self._exchange(background) as ctas:
-            cuda_comm.push_rows(self.ws, rows, schedule, name, num_ctas=ctas)
+            for _, name in pushes:
+                getattr(self.ws, name).zero_()  # before the barrier that precedes the pushes
+            for i, (rows, name) in enumerate(pushes):
+                cuda_comm.push_rows(
+                    self.ws, rows, schedule, name, zero_fill=False, sync_before=i == 0,
+                    sync_after=i == len(pushes) - 1, num_ctas=ctas,
+                )  # fmt: skip
 
     @staticmethod
     def routed_gemms(schedule, num_experts: int) -> ExpertEngine:

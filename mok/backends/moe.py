@@ -4,17 +4,21 @@ These are the bodies of the `dispatch_mlp_swiglu_combine_{fwd,bwd}_{bf16,mxfp8}`
 engine supplies the communication and the GEMMs (reference: collectives and masked fp32
 products; CUDA: NVLink kernels and grouped GEMMs):
 
-| engine method                             | does                                             |
-|-------------------------------------------|--------------------------------------------------|
-| pull(name, schedule, background)          | dispatch: one row per schedule row from sources  |
-| pull_router_weights(schedule, background) | the fp32 router weight of each schedule row      |
-| push(rows, schedule, name, background)    | combine: each row into its source rank's slot    |
-| join()                                    | later work waits for the background exchanges    |
-| routed_gemms(schedule, E)                 | GEMM engine over the schedule's expert segments  |
-| shared_gemms(tokens)                      | GEMM engine for the shared expert (every row)    |
-| topk                                      | routes per token                                 |
+| engine method                                   | does                                       |
+|-------------------------------------------------|--------------------------------------------|
+| pull(name, schedule, background, sync)          | dispatch: one row per schedule row         |
+| pull_router_weights(schedule, background, sync) | the fp32 router weight of each row         |
+| push_all(pushes, schedule, background)          | combine: rows into their sources' slots    |
+| join()                                          | later work waits for background exchanges  |
+| routed_gemms(schedule, E)                       | GEMM engine over the expert segments       |
+| shared_gemms(tokens)                            | GEMM engine for the shared expert          |
+| topk                                            | routes per token                           |
 
-Routed tensors have one row per schedule row (C). `background=True` lets an engine run the
+Routed tensors have one row per schedule row (C). Barriers (engines whose exchanges need them):
+a pass has one before its pulls (the sources are written) and none after them, because the
+barrier before its pushes, which every rank reaches only after its own pulls, already keeps the
+sources from being overwritten; the pushes of a pass share one barrier before and one after.
+`pushes` is a list of (rows, destination buffer name). `background=True` lets an engine run the
 exchange concurrently with the work enqueued after it, up to the next `join()`; the passes ask
 for it only where the shared expert's GEMMs, which need nothing from the exchange, are long
 enough to hide it (`overlaps_shared`). The results do not depend on it.
@@ -66,7 +70,8 @@ def forward(engine, x, shared, routed, schedule, limit, mxfp8: bool):
 
     The dispatch runs in the background of a large shared expert, which needs nothing from it.
     """
-    x_rows = engine.pull("x_buffer", schedule, background=overlaps_shared(shared, engine.topk))
+    overlap = overlaps_shared(shared, engine.topk)
+    x_rows = engine.pull("x_buffer", schedule, background=overlap, sync=(True, False))
     shared_out = _shared_forward(engine, x, shared, limit)
     engine.join()
     num_experts = schedule[3].shape[0]
@@ -76,7 +81,7 @@ def forward(engine, x, shared, routed, schedule, limit, mxfp8: bool):
     else:
         gate, up, hidden, y = experts.forward_bf16(x_rows, *routed, gemm, limit)
         saved = [x_rows, gate, up, hidden]
-    engine.push(y, schedule, "combine_buffer")
+    engine.push_all([(y, "combine_buffer")], schedule)
     return saved, y, shared_out
 
 
@@ -90,8 +95,8 @@ def backward(engine, d_y, shared, routed, saved, shared_saved, x, schedule, limi
     d_w_routed_down).
     """
     overlap = overlaps_shared(shared, engine.topk)
-    d_out_rows = engine.pull("d_y_buffer", schedule, background=overlap)
-    rw_rows = engine.pull_router_weights(schedule, background=overlap)
+    d_out_rows = engine.pull("d_y_buffer", schedule, background=overlap, sync=(True, False))
+    rw_rows = engine.pull_router_weights(schedule, background=overlap, sync=(False, False))
     (d_x_s, d_gate_s, d_up_s, d_hidden_s), shared_weight_grads = _shared_backward(
         engine, d_y, x, shared_saved, shared, limit
     )
@@ -102,8 +107,8 @@ def backward(engine, d_y, shared, routed, saved, shared_saved, x, schedule, limi
     else:
         routed_out = experts.backward_bf16(d_out_rows, rw_rows, *saved, routed, gemm, limit)
     (d_x_r, d_rw, d_gate_r, d_up_r, d_hidden_r), routed_weight_grads = routed_out
-    engine.push(d_x_r, schedule, "d_x_routed_buffer", background=overlap)
-    engine.push(d_rw, schedule, "d_router_weight_buffer", background=overlap)
+    pushes = [(d_x_r, "d_x_routed_buffer"), (d_rw, "d_router_weight_buffer")]
+    engine.push_all(pushes, schedule, background=overlap)
     d_wg_s, d_wu_s, d_wd_s = shared_weight_grads()
     engine.join()
     d_w_gate, d_w_up, d_w_down = routed_weight_grads()

@@ -141,17 +141,19 @@ class ReferenceEngine:
     def __init__(self, buffers: dict[str, torch.Tensor], topk: int, group_name: str):
         self.buffers, self.topk, self.group_name = buffers, topk, group_name
 
-    # The collectives complete in call order, so `background` changes nothing here.
-    def pull(self, name: str, schedule, background: bool = False) -> torch.Tensor:
+    # The collectives complete in call order and synchronise themselves, so `background` and
+    # `sync` change nothing here.
+    def pull(self, name: str, schedule, background=False, *, sync=(True, True)) -> torch.Tensor:
         return pull_rows(self.buffers[name], schedule[0], schedule[1], self.topk, self.group_name)
 
-    def pull_router_weights(self, schedule, background: bool = False) -> torch.Tensor:
+    def pull_router_weights(self, schedule, background=False, *, sync=(True, True)):
         weights = self.buffers["router_weight_buffer"]
         return pull_router_weights(weights, schedule[0], schedule[1], self.group_name)
 
-    def push(self, rows: torch.Tensor, schedule, name: str, background: bool = False) -> None:
-        destination = self.buffers[name].view(-1, *rows.shape[1:])
-        push_rows(rows, schedule[0], schedule[1], destination, self.group_name)
+    def push_all(self, pushes, schedule, background: bool = False) -> None:
+        for rows, name in pushes:
+            destination = self.buffers[name].view(-1, *rows.shape[1:])
+            push_rows(rows, schedule[0], schedule[1], destination, self.group_name)
 
     @staticmethod
     def join() -> None:

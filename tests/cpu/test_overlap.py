@@ -24,22 +24,27 @@ class RecordingEngine:
     def __init__(self) -> None:
         self.log: list[tuple[str, bool]] = []
         self.pending = False
+        self.barriers = 0
         self.gen = torch.Generator().manual_seed(0)
 
     def _exchange(self, kind: str, background: bool) -> None:
         self.log.append((kind, background))
         self.pending |= background
 
-    def pull(self, name, schedule, background=False):
+    def pull(self, name, schedule, background=False, *, sync=(True, True)):
         self._exchange(f"pull {name}", background)
+        self.barriers += sum(sync)
         return torch.randn(ROWS, HIDDEN, generator=self.gen).to(torch.bfloat16)
 
-    def pull_router_weights(self, schedule, background=False):
+    def pull_router_weights(self, schedule, background=False, *, sync=(True, True)):
         self._exchange("pull router weights", background)
+        self.barriers += sum(sync)
         return torch.rand(ROWS, generator=self.gen)
 
-    def push(self, rows, schedule, name, background=False):
-        self._exchange(f"push {name}", background)
+    def push_all(self, pushes, schedule, background=False):
+        for _, name in pushes:
+            self._exchange(f"push {name}", background)
+        self.barriers += 2
 
     def join(self) -> None:
         self.log.append(("join", False))
@@ -98,6 +103,12 @@ def test_exchanges_overlap_a_large_shared_expert_only():
     ]
     for small in (large - 2, None):  # too small to hide an exchange; none at all
         assert not any(bg for _, bg in _run_step(small).log)
+
+
+def test_each_pass_asks_for_three_barriers():
+    """One before the pulls, one before and one after the pushes (cuda_comm's table says what
+    each protects); the pulls' trailing barrier is the pushes' leading one."""
+    assert _run_step(None).barriers == 2 * 3
 
 
 def test_overlap_ctas_knob(monkeypatch):
