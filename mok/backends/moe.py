@@ -20,8 +20,8 @@ barrier before its pushes, which every rank reaches only after its own pulls, al
 sources from being overwritten; the pushes of a pass share one barrier before and one after.
 `pushes` is a list of (rows, destination buffer name). `background=True` lets an engine run the
 exchange concurrently with the work enqueued after it, up to the next `join()`; the passes ask
-for it only where the shared expert's GEMMs, which need nothing from the exchange, are long
-enough to hide it (`overlaps_shared`). The results do not depend on it.
+for it only in the backward, where the shared expert's GEMMs, which need nothing from the
+exchange, are long enough to hide it (`overlaps_shared`). The results do not depend on it.
 """
 
 from __future__ import annotations
@@ -30,15 +30,18 @@ import torch
 
 from mok.backends import reference_experts as experts
 
-# The shared expert's GEMMs take ~6·T·H·I_s FLOPs per pass phase, an exchange moves ~2·T·k·H
-# bytes; at H200's ~650 TFLOP/s and the ~650 GB/s a background exchange reaches on a quarter of
-# the SMs, the GEMMs outlast the exchange from I_s ≈ 330·k. Measured (benchmarks/NOTES.md v4):
-# DSV4-Pro-like (I_s 3072, top-6) gains, Qwen3.5-like (I_s 1024, top-10) loses.
+# Only the backward overlaps. Its shared-expert phases (data gradients beside the pulls, weight
+# gradients beside the pushes) each take ~6·T·H·I_s FLOPs, an exchange moves ~2·T·k·H bytes; at
+# H200's ~650 TFLOP/s and the ~650 GB/s a background exchange reaches on a quarter of the SMs,
+# the GEMMs outlast the exchange from I_s ≈ 330·k. Measured on 2x H200 (benchmarks/NOTES.md v4):
+# the DSV4-Pro-like backward (I_s 3072, top-6) 0.2-0.8 ms faster in four runs, the Qwen3.5-like
+# one (I_s 1024, top-10) ~0.2 ms slower. The forward's dispatch beside its shared expert gained
+# nothing (+0.27 to -0.05 ms): GEMMs on three quarters of the SMs last about as long as the pull.
 MIN_SHARED_INTER_PER_TOPK = 330
 
 
 def overlaps_shared(shared, topk: int) -> bool:
-    """Whether the passes run their exchanges in the background of this shared expert."""
+    """Whether the backward runs its exchanges in the background of this shared expert."""
     return shared is not None and shared[0].shape[0] >= MIN_SHARED_INTER_PER_TOPK * topk
 
 
@@ -68,12 +71,11 @@ def _shared_backward(engine, d_out, x, saved, shared, limit):
 def forward(engine, x, shared, routed, schedule, limit, mxfp8: bool):
     """Returns (routed ctx list, y_routed, shared (gate, up, hidden, y)); fills combine_buffer.
 
-    The dispatch runs in the background of a large shared expert, which needs nothing from it.
+    The shared expert goes first: it needs nothing from the exchange, so its GEMMs keep the GPU
+    busy while the host enqueues the routed stages.
     """
-    overlap = overlaps_shared(shared, engine.topk)
-    x_rows = engine.pull("x_buffer", schedule, background=overlap, sync=(True, False))
     shared_out = _shared_forward(engine, x, shared, limit)
-    engine.join()
+    x_rows = engine.pull("x_buffer", schedule, sync=(True, False))
     num_experts = schedule[3].shape[0]
     gemm = engine.routed_gemms(schedule, num_experts)
     if mxfp8:
