@@ -9,7 +9,7 @@ import torch
 
 from mok.backends import moe
 from mok.backends import reference_experts as experts
-from mok.backends.cuda_moe import background_ctas
+from mok.backends.cuda_moe import background_ctas, sm_carveout
 
 HIDDEN, INTER, EXPERTS, SEGMENT = 128, 64, 2, 256
 ROWS = EXPERTS * SEGMENT
@@ -122,3 +122,16 @@ def test_overlap_ctas_rejects_bad_values(monkeypatch, text):
     monkeypatch.setenv("MOK_OVERLAP_CTAS", text)
     with pytest.raises(ValueError, match="MOK_OVERLAP_CTAS must be a CTA count >= 0"):
         background_ctas()
+
+
+def test_sm_carveout_is_scoped():
+    """cuBLAS's carve-out is set inside the block only and restored after, even on an error."""
+    before = torch._C._get_sm_carveout_experimental()
+    with sm_carveout(32):
+        assert torch._C._get_sm_carveout_experimental() == 32
+    assert torch._C._get_sm_carveout_experimental() == before
+    with pytest.raises(RuntimeError, match="inside"), sm_carveout(16):
+        raise RuntimeError("inside")
+    assert torch._C._get_sm_carveout_experimental() == before
+    with sm_carveout(0):  # nothing to leave free: the setting is untouched
+        assert torch._C._get_sm_carveout_experimental() == before
