@@ -101,6 +101,14 @@ def _buffer(ws: MoKWorkspace, name: str, allowed: tuple[str, ...]) -> torch.Tens
     return getattr(ws, name)
 
 
+def zero_destination(ws: MoKWorkspace, name: str) -> torch.Tensor:
+    """Zero this rank's push destination `name` (one of the combine buffers) and return it; the
+    routes nobody pushes read as zero once a barrier has followed (see `push_rows`)."""
+    dest = _buffer(ws, name, _PUSH_DESTINATIONS)
+    dest.zero_()
+    return dest
+
+
 def barrier(ws: MoKWorkspace) -> None:
     """Device-side barrier over the workspace's group (no-op at EP=1)."""
     if ws.ep_size == 1:
@@ -271,7 +279,7 @@ def push_rows(
         )
     rows = _extension.aligned(rows)
     if zero_fill:
-        dest.zero_()
+        zero_destination(ws, dest_buffer_name)
     if sync_before:
         barrier(ws)
     _run(

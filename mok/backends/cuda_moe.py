@@ -264,8 +264,8 @@ class CudaEngine:
         """Combine each (rows, destination name): every destination zeroed, one barrier, the
         pushes, one barrier (not two per push)."""
         with self._exchange(background) as ctas:
-            for _, name in pushes:
-                getattr(self.ws, name).zero_()  # before the barrier that precedes the pushes
+            for _, name in pushes:  # before the barrier that precedes the pushes
+                cuda_comm.zero_destination(self.ws, name)
             for i, (rows, name) in enumerate(pushes):
                 cuda_comm.push_rows(
                     self.ws, rows, schedule, name, zero_fill=False, sync_before=i == 0,

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from mok import functional as F
+from mok.backends import cuda_comm
 
 SIZES = {"num_local_tokens": 16, "hidden_size": 128, "topk": 2}
 
@@ -102,3 +103,15 @@ def test_uninitialised_distributed_is_runtime_error():
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert "RuntimeError: torch.distributed is not initialised" in result.stdout
+
+
+def test_zero_destination_names_the_combine_buffers_only(single_rank_group):
+    """The push destinations are zeroed by name before a pass's pushes; any other name is refused
+    before anything is written."""
+    ws = F.create_workspace(F.MoKConfig(), single_rank_group, device="cpu", **SIZES)
+    ws.d_x_routed_buffer.fill_(7.0)
+    ws.x_buffer.fill_(3.0)
+    assert not cuda_comm.zero_destination(ws, "d_x_routed_buffer").any()
+    with pytest.raises(ValueError, match="buffer name must be one of"):
+        cuda_comm.zero_destination(ws, "x_buffer")
+    assert (ws.x_buffer == 3.0).all()
