@@ -255,7 +255,30 @@ Params make_params(const Args& a, const Plan& plan) {
   return p;
 }
 
+__global__ void __launch_bounds__(kRoutingThreads)
+    routing_kernel(const int64_t* ids, int32_t* routing, int64_t routes, int64_t num_experts,
+                   int32_t* status) {
+  const int64_t route = static_cast<int64_t>(blockIdx.x) * kRoutingThreads + threadIdx.x;
+  bool invalid = false;
+  if (route < routes) {
+    const int64_t id = ids[route];
+    invalid = id < 0 || id >= num_experts;
+    routing[route] = invalid ? -1 : static_cast<int32_t>(id);
+  }
+  // One atomic per block that saw a bad id; OR is order-free, so the word is deterministic.
+  if (__syncthreads_or(invalid) && threadIdx.x == 0) atomicOr(status, kInvalidExpertId);
+}
+
 }  // namespace detail
+
+cudaError_t launch_routing(const int64_t* ids, int32_t* routing, int64_t routes,
+                           int64_t num_experts, int32_t* status, cudaStream_t stream) {
+  if (routes == 0) return cudaSuccess;
+  const auto blocks = static_cast<unsigned>((routes + kRoutingThreads - 1) / kRoutingThreads);
+  detail::routing_kernel<<<blocks, kRoutingThreads, 0, stream>>>(ids, routing, routes,
+                                                                 num_experts, status);
+  return cudaGetLastError();
+}
 
 cudaError_t launch(const Args& args, cudaStream_t stream) {
   const Plan plan = make_plan(args.routes, args.experts);

@@ -25,8 +25,11 @@ constexpr int kCounters = 8192;
 constexpr int kSegmentThreads = 1024;
 constexpr int kColumnThreads = 256;
 constexpr int kRowsPerSegment = 256;
-// The bit mok/status.py calls CAPACITY_OVERFLOW (a CPU test keeps the two equal).
+// The bits mok/status.py calls INVALID_EXPERT_ID and CAPACITY_OVERFLOW (a CPU test keeps them
+// equal).
+constexpr int32_t kInvalidExpertId = 1;
 constexpr int32_t kCapacityOverflow = 2;
+constexpr int kRoutingThreads = 256;
 
 // How the routes of one source are cut into blocks. A function of (routes, experts) only, so the
 // decomposition, and with it every scan, is the same on every run.
@@ -86,5 +89,12 @@ struct Args {
 // Enqueues the memsets and kernels on `stream`; returns the first failing status (never
 // synchronises, so the call can be captured in a CUDA graph).
 cudaError_t launch(const Args& args, cudaStream_t stream);
+
+// The routing build_schedule all-gathers: ids[i] as int32, or -1 where ids[i] is outside
+// [0, num_experts), and kInvalidExpertId OR-ed into `status` if any is. One kernel in place of
+// the half-dozen elementwise ops the same check takes in torch (each a launch on the host's
+// critical path before the first GEMM). Enqueues nothing for routes == 0.
+cudaError_t launch_routing(const int64_t* ids, int32_t* routing, int64_t routes,
+                           int64_t num_experts, int32_t* status, cudaStream_t stream);
 
 }  // namespace mok::schedule

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from mok._custom_op import custom_op
 from mok._moe_ops import OptTensor, Tensor, _common, _shared, check_weights, present
 from mok.backends import moe, select_engine
 
@@ -34,7 +35,7 @@ _OUT = tuple[
 ]
 
 
-@torch.library.custom_op("mok::dispatch_mlp_swiglu_combine_bwd_bf16", mutates_args=_MUTATED)
+@custom_op("mok::dispatch_mlp_swiglu_combine_bwd_bf16", mutates_args=_MUTATED)
 def dispatch_mlp_swiglu_combine_bwd_bf16(
     d_y_buffer: Tensor,
     d_y_buffer_ptrs: list[int],
@@ -93,7 +94,7 @@ def dispatch_mlp_swiglu_combine_bwd_bf16(
     )
 
 
-@torch.library.custom_op("mok::dispatch_mlp_swiglu_combine_bwd_mxfp8", mutates_args=_MUTATED)
+@custom_op("mok::dispatch_mlp_swiglu_combine_bwd_mxfp8", mutates_args=_MUTATED)
 def dispatch_mlp_swiglu_combine_bwd_mxfp8(
     d_y_buffer: Tensor,
     d_y_buffer_ptrs: list[int],

@@ -12,6 +12,7 @@ import torch
 
 from mok import _validate
 from mok._checks import check_tensor
+from mok._custom_op import custom_op
 from mok.backends import moe, select_engine
 
 Tensor = torch.Tensor
@@ -38,9 +39,7 @@ def check_weights(x, routed, shared, *, mxfp8: bool, backward: bool) -> None:
     _validate.check_shared(shared, hidden, inter, x.device)
 
 
-@torch.library.custom_op(
-    "mok::dispatch_mlp_swiglu_combine_fwd_bf16", mutates_args=("combine_buffer",)
-)
+@custom_op("mok::dispatch_mlp_swiglu_combine_fwd_bf16", mutates_args=("combine_buffer",))
 def dispatch_mlp_swiglu_combine_fwd_bf16(
     x: Tensor,
     x_ptrs: list[int],
@@ -114,9 +113,7 @@ def present(outputs, like: Tensor) -> tuple[Tensor, ...]:
     return tuple(like.new_empty((0,)) if t is None else t for t in outputs)
 
 
-@torch.library.custom_op(
-    "mok::dispatch_mlp_swiglu_combine_fwd_mxfp8", mutates_args=("combine_buffer",)
-)
+@custom_op("mok::dispatch_mlp_swiglu_combine_fwd_mxfp8", mutates_args=("combine_buffer",))
 def dispatch_mlp_swiglu_combine_fwd_mxfp8(
     x: Tensor,
     x_ptrs: list[int],

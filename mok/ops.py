@@ -14,6 +14,7 @@ import torch.distributed as dist
 from mok import backends
 from mok import mxfp8 as mxfp8_format
 from mok._checks import check_tensor
+from mok._custom_op import custom_op
 from mok._moe_bwd_ops import (  # noqa: F401  (re-exported: the fused passes)
     dispatch_mlp_swiglu_combine_bwd_bf16,
     dispatch_mlp_swiglu_combine_bwd_mxfp8,
@@ -26,9 +27,7 @@ from mok.backends import reference
 from mok.workspace import workspace_owning
 
 
-@torch.library.custom_op(
-    "mok::all_gather_top_experts", mutates_args=("all_gather_top_experts_buffer",)
-)
+@custom_op("mok::all_gather_top_experts", mutates_args=("all_gather_top_experts_buffer",))
 def all_gather_top_experts(
     top_experts: torch.Tensor,
     all_gather_top_experts_buffer: torch.Tensor,
@@ -73,7 +72,7 @@ def _(top_experts, buffer, multicast_ptr, rank, chunk_bytes, group_name=""):
     return None
 
 
-@torch.library.custom_op("mok::barrier_all", mutates_args=("barrier_buffer", "target"))
+@custom_op("mok::barrier_all", mutates_args=("barrier_buffer", "target"))
 def barrier_all(
     barrier_buffer: torch.Tensor,
     barrier_buffer_ptrs: list[int],
@@ -104,7 +103,7 @@ def _(barrier_buffer, barrier_buffer_ptrs, barrier_buffer_multicast_ptr, target,
     return None
 
 
-@torch.library.custom_op("mok::schedule", mutates_args=("status",))
+@custom_op("mok::schedule", mutates_args=("status",))
 def schedule(
     topk_all: torch.Tensor,
     num_local_experts: int,
@@ -150,7 +149,7 @@ def _(topk_all, num_local_experts, schedule_capacity, rank, status):
     )
 
 
-@torch.library.custom_op(
+@custom_op(
     "mok::mxfp8_quantize",
     mutates_args=(),
     schema="(Tensor x_bf16, bool return_normal, bool return_transposed)"
@@ -187,7 +186,7 @@ def _cuda_backend(tensor: torch.Tensor):
     return cuda
 
 
-@torch.library.custom_op("mok::fwd_epilogue", mutates_args=())
+@custom_op("mok::fwd_epilogue", mutates_args=())
 def fwd_epilogue(
     y_shared: torch.Tensor | None, combine_buffer: torch.Tensor, topk_weights: torch.Tensor
 ) -> torch.Tensor:
@@ -216,7 +215,7 @@ def _(y_shared, combine_buffer, topk_weights):
     return combine_buffer.new_empty((topk_weights.shape[0], combine_buffer.shape[1]))
 
 
-@torch.library.custom_op("mok::bwd_epilogue", mutates_args=())
+@custom_op("mok::bwd_epilogue", mutates_args=())
 def bwd_epilogue(
     d_x_shared: torch.Tensor | None, d_x_routed_buffer: torch.Tensor, topk: int
 ) -> torch.Tensor:

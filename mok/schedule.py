@@ -6,9 +6,10 @@ from dataclasses import dataclass
 
 import torch
 
-from mok import ops
+from mok import backends, ops
 from mok import status as device_status
 from mok._checks import check_range, check_tensor, check_type
+from mok._custom_op import direct
 from mok.config import MoKConfig
 from mok.workspace import MoKWorkspace
 
@@ -60,10 +61,8 @@ def build_schedule(
     )
     check_range("num_local_experts", num_local_experts, 1, (2**31 - 1) // ws.ep_size)
     num_experts = ws.ep_size * num_local_experts
-    valid = (top_experts >= 0) & (top_experts < num_experts)
-    device_status.record(ws.status, device_status.INVALID_EXPERT_ID, ~valid)
-    routing = torch.where(valid, top_experts, -1).to(torch.int32)
-    ops.all_gather_top_experts(
+    routing = _routing(top_experts, num_experts, ws.status)
+    direct(ops.all_gather_top_experts)(
         routing,
         ws.all_gather_top_experts_buffer,
         0,
@@ -71,7 +70,7 @@ def build_schedule(
         config.all_gather_top_experts_chunk_bytes,
         ws.group_name,
     )
-    result = ops.schedule(
+    result = direct(ops.schedule)(
         ws.all_gather_top_experts_buffer,
         num_local_experts,
         ws.schedule_rows(num_local_experts),
@@ -81,3 +80,14 @@ def build_schedule(
     if device_status.debug_enabled():
         device_status.check(ws.status)
     return MoKSchedule(*result)
+
+
+def _routing(top_experts: torch.Tensor, num_experts: int, status: torch.Tensor) -> torch.Tensor:
+    """int32 ids, -1 for the invalid ones, which `status` records (one kernel on CUDA)."""
+    if backends.uses_cuda(top_experts.device):
+        from mok.backends import cuda_schedule
+
+        return cuda_schedule.routing(top_experts, num_experts, status)
+    from mok.backends import reference
+
+    return reference.routing(top_experts, num_experts, status)

@@ -85,6 +85,23 @@ inline void schedule(uintptr_t topk_all, uintptr_t peer_rank, uintptr_t peer_tok
   check_cuda(schedule::launch(args, reinterpret_cast<cudaStream_t>(stream)), "schedule launch");
 }
 
+inline void routing(uintptr_t ids, uintptr_t routing, uintptr_t status, int64_t routes,
+                    int64_t num_experts, uintptr_t stream) {
+  namespace checks = schedule_checks;
+  checks::check_range("routes", routes, 0, checks::kInt32Max);
+  checks::check_range("num_experts", num_experts, 1, checks::kInt32Max);
+  if (routes > 0) {
+    checks::check_address("ids", ids, alignof(int64_t));
+    checks::check_address("routing", routing, alignof(int32_t));
+  }
+  checks::check_address("status", status, alignof(int32_t));
+  check_cuda(schedule::launch_routing(reinterpret_cast<const int64_t*>(ids),
+                                      reinterpret_cast<int32_t*>(routing), routes, num_experts,
+                                      reinterpret_cast<int32_t*>(status),
+                                      reinterpret_cast<cudaStream_t>(stream)),
+             "routing launch");
+}
+
 inline void bind_schedule(pybind11::module_& m) {
   namespace py = pybind11;
   m.def("schedule_workspace_bytes", &schedule_workspace_bytes, py::arg("ep"), py::arg("routes"),
@@ -106,6 +123,14 @@ All buffers are contiguous device addresses:
   workspace          schedule_workspace_bytes(ep, routes, experts) bytes, 8-byte aligned
 The order is mok.backends.reference.schedule's, bit for bit. Raises ValueError for bad
 arguments and RuntimeError for a CUDA error.)doc");
+  m.def("routing", &routing, py::arg("ids"), py::arg("routing"), py::arg("status"),
+        py::arg("routes"), py::arg("num_experts"), py::arg("stream"),
+        R"doc(The routing build_schedule all-gathers, on `stream` (asynchronous, no sync).
+
+  ids      int64 [routes]  global expert ids, any value
+  routing  int32 [routes]  out: the id, or -1 where it is outside [0, num_experts)
+  status   int32 [1]       in/out: 1 (INVALID_EXPERT_ID) is OR-ed in if any id was outside
+Raises ValueError for bad arguments and RuntimeError for a CUDA error.)doc");
 }
 
 }  // namespace mok::api

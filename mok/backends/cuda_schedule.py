@@ -40,6 +40,30 @@ def _check(topk_all, num_local_experts, capacity, rank, status) -> None:
     check_range("rank", rank, 0, ep - 1)
 
 
+def routing(ids: torch.Tensor, num_experts: int, status: torch.Tensor) -> torch.Tensor:
+    """int32 [T, k]: the global expert ids `ids` (int64 [T, k], CUDA), -1 where outside
+    [0, num_experts); `mok.status.INVALID_EXPERT_ID` is OR-ed into `status` if any is. Same bits
+    as `mok.backends.reference.routing`, in one kernel, asynchronous on the current stream."""
+    check_tensor("ids", ids, dtype=torch.int64, shape=(None, None), dims=("T", "k"),
+                 contiguous=False)  # fmt: skip
+    if not ids.is_cuda:
+        raise ValueError(f"`ids` must be on a CUDA device, got {ids.device}")
+    check_tensor("status", status, dtype=torch.int32, shape=(1,), device=ids.device)
+    check_range("num_experts", num_experts, 1, _INT32_MAX)
+    ids = ids.contiguous()
+    out = torch.empty(ids.shape, dtype=torch.int32, device=ids.device)
+    _extension.launch(
+        ids.device,
+        "routing",
+        ids=ids.data_ptr() if ids.numel() else 0,
+        routing=out.data_ptr() if ids.numel() else 0,
+        status=status.data_ptr(),
+        routes=ids.numel(),
+        num_experts=num_experts,
+    )
+    return out
+
+
 def schedule(
     topk_all: torch.Tensor,
     num_local_experts: int,

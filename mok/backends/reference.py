@@ -30,6 +30,13 @@ def all_gather(tensor: torch.Tensor, group_name: str) -> torch.Tensor:
     return torch.stack(parts).view(tensor.dtype)
 
 
+def routing(ids: torch.Tensor, num_experts: int, status: torch.Tensor) -> torch.Tensor:
+    """int32 ids, -1 where outside [0, num_experts); INVALID_EXPERT_ID recorded if any is."""
+    valid = (ids >= 0) & (ids < num_experts)
+    device_status.record(status, device_status.INVALID_EXPERT_ID, ~valid)
+    return torch.where(valid, ids, -1).to(torch.int32)
+
+
 def all_gather_top_experts(top_experts: torch.Tensor, buffer: torch.Tensor, group_name: str):
     buffer.copy_(all_gather(top_experts, group_name))
 

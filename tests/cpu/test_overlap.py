@@ -112,7 +112,7 @@ def test_each_pass_asks_for_three_barriers():
 
 def test_overlap_ctas_knob(monkeypatch):
     monkeypatch.delenv("MOK_OVERLAP_CTAS", raising=False)
-    assert background_ctas() == 32
+    assert background_ctas() == 64
     monkeypatch.setenv("MOK_OVERLAP_CTAS", "0")
     assert background_ctas() == 0
 

@@ -274,6 +274,42 @@ def test_rejects_bad_arguments():
         module.schedule_workspace_bytes(2, 16, 0)
 
 
+@requires_module
+@pytest.mark.parametrize("shape", [(0, 6), (1, 1), (300, 7), (4096, 8)], ids=str)
+def test_routing_matches_the_reference(shape, seed):
+    """int64 ids of every kind -> the same int32 routing and status bit as the torch ops."""
+    experts = 96
+    gen = _generator(seed, ("routing", shape))
+    ids = torch.randint(0, experts, shape, generator=gen, device="cuda", dtype=torch.int64)
+    bad = torch.rand(shape, generator=gen, device="cuda") < 0.05
+    extremes = torch.tensor([-1, experts, -(2**31) - 1, 2**31, 2**62, -(2**63)], device="cuda")
+    pick = torch.randint(0, len(extremes), shape, generator=gen, device="cuda")
+    ids = torch.where(bad, extremes[pick], ids)
+    for word_before in (0, status.CAPACITY_OVERFLOW):
+        got_word = torch.full((1,), word_before, dtype=torch.int32, device="cuda")
+        want_word = got_word.clone()
+        got = cuda_schedule.routing(ids.T.contiguous().T, experts, got_word)  # strided view
+        want = reference.routing(ids, experts, want_word)
+        assert got.dtype == torch.int32 and got.shape == ids.shape
+        assert torch.equal(got, want)
+        assert int(got_word) == int(want_word)
+        assert bool(int(got_word) & status.INVALID_EXPERT_ID) == bool(bad.any())
+
+
+@requires_module
+def test_routing_rejects_bad_arguments():
+    word = torch.zeros(1, dtype=torch.int32, device="cuda")
+    ids = torch.zeros((4, 2), dtype=torch.int64, device="cuda")
+    with pytest.raises(TypeError, match="ids"):
+        cuda_schedule.routing(ids.int(), 8, word)
+    with pytest.raises(ValueError, match="num_experts"):
+        cuda_schedule.routing(ids, 0, word)
+    with pytest.raises(ValueError, match="CUDA"):
+        cuda_schedule.routing(ids.cpu(), 8, word)
+    with pytest.raises(TypeError, match="status"):
+        cuda_schedule.routing(ids, 8, word.long())
+
+
 def _median_us(fn, iterations: int = 50) -> float:
     return median_ms(fn, iterations=iterations) * 1e3
 

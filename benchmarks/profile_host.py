@@ -1,0 +1,136 @@
+"""Where one mok step's host time goes, and how long the GPU waits for it.
+
+    torchrun --standalone --nproc-per-node=N benchmarks/profile_host.py --out DIR
+        [--shapes NAME ...] [--mxfp8] [--calls 20] [--top 30]
+
+Sets up bench_mok's step outside the measurements and warms it up. Then, per pass (schedule +
+forward, backward), on an idle GPU as the harness times it: the host time of the call
+(`perf_counter`, no sync inside), the GPU time between events recorded before and after the
+call, and the time from the start event to the pass's first kernel, which the GPU spends waiting
+for the host (`torch.profiler`, median over the calls). Finally cProfile over `--calls` steps
+prints the functions with the most host time. Writes DIR/host-<mode>.json on rank 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import functools
+import io
+import json
+import pstats
+import statistics
+import time
+from pathlib import Path
+
+import bench_mok
+import harness
+import torch
+import torch.distributed as dist
+from torch.profiler import ProfilerActivity, profile
+
+
+def timed_call(fn) -> tuple[object, float, float]:
+    """(result, host ms, GPU-event ms) of fn started on an idle GPU."""
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    begin = time.perf_counter()
+    result = fn()
+    host_ms = (time.perf_counter() - begin) * 1e3
+    end.record()
+    end.synchronize()
+    return result, host_ms, start.elapsed_time(end)
+
+
+def idle_gpu_ms(fn) -> tuple[float, float]:
+    """(ms from the marker kernel enqueued just before fn to fn's first kernel, ms the GPU has
+    no kernel of fn running between that first kernel and the last one's end)."""
+    marker = torch.zeros(1, device="cuda")
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        marker.add_(1)
+        fn()
+        torch.cuda.synchronize()
+    spans = sorted(
+        (e.time_range.start, e.time_range.end)
+        for e in prof.events()
+        if e.device_type == torch.autograd.DeviceType.CUDA
+    )
+    if len(spans) < 2:
+        return 0.0, 0.0
+    first = spans[1][0] - spans[0][1]
+    idle, reached = 0.0, spans[1][0]
+    for start, end in spans[1:]:
+        idle += max(0.0, start - reached)
+        reached = max(reached, end)
+    return first / 1e3, idle / 1e3
+
+
+def measure(step, calls: int) -> dict:
+    """Per pass: medians over `calls` calls of host ms, GPU ms, first-kernel delay and GPU idle."""
+    fields: dict[str, list[float]] = {}
+    for _ in range(calls):
+        state, host, gpu = timed_call(step.forward)
+        backward = functools.partial(step.backward, state)
+        _, b_host, b_gpu = timed_call(backward)
+        fwd_idle, bwd_idle = idle_gpu_ms(step.forward), idle_gpu_ms(backward)
+        values = (host, gpu, *fwd_idle, b_host, b_gpu, *bwd_idle)
+        names = ("fwd_host", "fwd_gpu", "fwd_first_kernel", "fwd_idle",
+                 "bwd_host", "bwd_gpu", "bwd_first_kernel", "bwd_idle")  # fmt: skip
+        for name, value in zip(names, values, strict=True):
+            fields.setdefault(name, []).append(value)
+    return {name: round(statistics.median(v), 3) for name, v in fields.items()}
+
+
+def host_profile(step, calls: int, top: int) -> str:
+    """cProfile of `calls` steps, each pass synchronised like the harness's timed calls."""
+    profiler = cProfile.Profile()
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        profiler.enable()
+        state = step.forward()
+        profiler.disable()
+        torch.cuda.synchronize()
+        profiler.enable()
+        step.backward(state)
+        profiler.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text)
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats(top)
+    return text.getvalue()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--shapes", nargs="+", default=list(harness.SHAPES))
+    p.add_argument("--mxfp8", action="store_true")
+    p.add_argument("--calls", type=int, default=20)
+    p.add_argument("--top", type=int, default=30)
+    args = p.parse_args()
+    d = harness.setup_distributed(cpu=False, timeout_s=120.0)
+    mode = "mxfp8" if args.mxfp8 else "bf16"
+    report = {}
+    for name in args.shapes:
+        shape = harness.SHAPES[name]
+        step = bench_mok.Step(d, shape, [harness.make_inputs(shape, d, 0)], mxfp8=args.mxfp8)
+        for _ in range(3):  # warm-up: allocator, cuBLAS heuristics
+            step.backward(step.forward())
+        times = measure(step, args.calls)
+        stats = host_profile(step, args.calls, args.top)
+        report[f"{name} {mode} EP {d.world}"] = {"ms": times, "cprofile": stats}
+        if d.rank == 0:
+            print(f"\n{name} {mode} EP {d.world}: {json.dumps(times)}")
+            print(stats)
+    if d.rank == 0:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / f"host-{mode}.json").write_text(json.dumps(report, indent=1))
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

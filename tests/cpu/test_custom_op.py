@@ -1,0 +1,79 @@
+"""The eager functional API calls the ops' Python bodies directly (mok._custom_op.direct), not
+through the torch dispatcher; under torch.compile it calls the ops (test_compile traces them)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from mok import _custom_op, ops
+from mok import functional as F
+
+TOKENS, HIDDEN, INTER, EXPERTS, TOPK = 16, 128, 128, 2, 2
+
+
+class RecordMokOps(TorchDispatchMode):
+    """Names of the mok:: ops that reach the dispatcher inside the mode."""
+
+    def __init__(self):
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "mok":
+            self.names.append(func.name())
+        return func(*args, **(kwargs or {}))
+
+
+def test_every_mok_op_has_a_direct_body():
+    names = {op._name for op in _custom_op._BODIES}  # without the namespace
+    for name in (
+        "schedule",
+        "all_gather_top_experts",
+        "fwd_epilogue",
+        "bwd_epilogue",
+        "dispatch_mlp_swiglu_combine_fwd_bf16",
+        "dispatch_mlp_swiglu_combine_bwd_mxfp8",
+    ):
+        assert name in names
+    body = _custom_op.direct(ops.schedule)
+    assert body is not ops.schedule and body.__name__ == "schedule"
+
+
+def test_direct_is_the_op_while_compiling(monkeypatch):
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert _custom_op.direct(ops.schedule) is ops.schedule
+
+
+def test_eager_step_bypasses_the_dispatcher(single_rank_group):
+    config = F.MoKConfig()
+    ws = F.create_workspace(config, single_rank_group, device="cpu", num_local_tokens=TOKENS,
+                            hidden_size=HIDDEN, topk=TOPK)  # fmt: skip
+    g = torch.Generator().manual_seed(3)
+    top = torch.randint(0, EXPERTS, (TOKENS, TOPK), generator=g)
+    x = torch.randn(TOKENS, HIDDEN, generator=g).bfloat16()
+    rw = torch.rand(TOKENS, TOPK, generator=g)
+    routed = [torch.randn(EXPERTS, INTER, HIDDEN, generator=g).bfloat16() / 16 for _ in range(2)]
+    routed.append(torch.randn(EXPERTS, HIDDEN, INTER, generator=g).bfloat16() / 16)
+    with RecordMokOps() as mode:
+        schedule = F.build_schedule(ws, config, top, num_local_experts=EXPERTS)
+        out, ctx = F.forward(config, ws, schedule, x, rw, None, None, None, *routed)
+        F.backward(config, ws, schedule, ctx, x, x, rw, None, None, None, *routed)
+    assert mode.names == []
+    with RecordMokOps() as mode:  # the op itself does reach it: the mode sees what it should
+        ops.schedule(ws.all_gather_top_experts_buffer, EXPERTS, 256, 0, ws.status)
+    assert mode.names == ["mok::schedule"]
+
+
+@pytest.mark.parametrize("bad", [[-1, 0], [0, 2], [2**40, 1]], ids=str)
+def test_reference_routing_marks_invalid_ids(bad):
+    from mok import status
+    from mok.backends import reference
+
+    word = torch.zeros(1, dtype=torch.int32)
+    ids = torch.tensor([[1, 0], bad], dtype=torch.int64)
+    got = reference.routing(ids, 2, word)
+    want = [[1, 0], [v if 0 <= v < 2 else -1 for v in bad]]
+    assert got.dtype == torch.int32 and got.tolist() == want
+    assert int(word) == status.INVALID_EXPERT_ID
