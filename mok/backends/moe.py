@@ -26,8 +26,6 @@ exchange, are long enough to hide it (`overlaps_shared`). The results do not dep
 
 from __future__ import annotations
 
-import torch
-
 from mok.backends import reference_experts as experts
 
 # Only the backward overlaps. Its shared-expert phases (data gradients beside the pulls, weight
@@ -59,10 +57,10 @@ def _shared_backward(engine, d_out, x, saved, shared, limit):
         return (None,) * 4, lambda: (None,) * 3
     gate, up, hidden = saved
     weights = tuple(w.unsqueeze(0) for w in shared)
-    ones = x.new_ones(x.shape[0], dtype=torch.float32)
     gemm = engine.shared_gemms(x.shape[0])
+    unit_weights = None
     data, weight_grads = experts.backward_bf16(
-        d_out, ones, x, gate, up, hidden, weights, gemm, limit
+        d_out, unit_weights, x, gate, up, hidden, weights, gemm, limit
     )
     d_x, _, d_gate, d_up, d_hidden = data
     return (d_x, d_gate, d_up, d_hidden), lambda: tuple(g[0] for g in weight_grads())

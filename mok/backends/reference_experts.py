@@ -193,7 +193,8 @@ def forward_mxfp8(x_rows, w_gate, w_up, w_down, gemm, limit):
 
 
 def backward_bf16(d_out_rows, rw_rows, x_rows, gate, up, hidden, weights, gemm, limit):
-    """Backward of one expert group. weights = (W_gate, W_up, W_down) bf16.
+    """Backward of one expert group. weights = (W_gate, W_up, W_down) bf16; rw_rows None means
+    every row's weight is 1 (the shared expert: its d_out feeds the down wgrad unscaled).
 
     Returns ((d_x, d_router_weight, d_gate, d_up, d_hidden), weight_grads): the data gradients
     now, and `weight_grads()`, which runs the weight-gradient GEMMs when called and returns
@@ -239,13 +240,16 @@ def backward_mxfp8(d_out_rows, rw_rows, ctx, weights, gemm, limit):
 def _backward_tail(d_h, d_out, rw, x, gate, up, hidden, weights, gemm, limit, mx):
     """Shared part of both backward modes, from the unscaled d_h = d_out @ W_down."""
     w_gate, w_up, _ = weights
+    unit = rw is None
+    if unit:
+        rw = d_h.new_ones(d_h.shape[0], dtype=torch.float32)
     d_router_weight, d_gate, d_up, d_hidden = gemm.swiglu_backward(d_h, rw, gate, up, hidden, limit)
     dgrad_in = (mx_round(d_gate, gemm), mx_round(d_up, gemm)) if mx else (d_gate, d_up)
     dgrad_terms = ((dgrad_in[0], w_gate.transpose(1, 2)), (dgrad_in[1], w_up.transpose(1, 2)))
     d_x = gemm.linear_sum(dgrad_terms).to(torch.bfloat16)
 
     def weight_grads() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        d_y = gemm.scale_rows(d_out, rw)
+        d_y = d_out.to(torch.bfloat16) if unit else gemm.scale_rows(d_out, rw)
         wgrad_in = (d_gate, d_up, d_y)
         if mx:
             wgrad_in = tuple(mx_round_rows(t, gemm) for t in wgrad_in)
