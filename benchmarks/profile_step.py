@@ -7,8 +7,8 @@ Sets up bench_mok's step (workspace, weights, inputs) outside the profiler, runs
 up, then STEPS times under the profiler (schedule + forward, then backward); prints, per shape,
 the kernels by GPU time per step and the span from the first kernel's start to the last one's
 end (rank 0), then profiles one more step for its timeline (start, duration and stream of every
-kernel), and writes DIR/profile-<mode>.json. Long kernel names are cut at their template
-arguments. `--overlap-ctas` repeats everything for each MOK_OVERLAP_CTAS value.
+kernel), and writes DIR/profile-<mode>-rank<r>.json on every rank. Long kernel names are cut at
+their template arguments. `--overlap-ctas` repeats everything for each MOK_OVERLAP_CTAS value.
 """
 
 from __future__ import annotations
@@ -105,9 +105,9 @@ def main() -> int:
         for name in args.shapes:
             label = f"{name} {mode} EP {d.world} MOK_OVERLAP_CTAS={ctas or 'default'}"
             report[label] = profile_shape(d, harness.SHAPES[name], args.mxfp8, args.top, label)
-    if d.rank == 0:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / f"profile-{mode}.json").write_text(json.dumps(report, indent=1))
+    # Every rank's file: a barrier's wait on one rank is the other ranks' lateness.
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"profile-{mode}-rank{d.rank}.json").write_text(json.dumps(report, indent=1))
     dist.destroy_process_group()
     return 0
 

@@ -53,25 +53,32 @@ def check_tensor(
     """Check one tensor argument: type, dtype (None = any: the caller converts), shape (None =
     any size), device, contiguity. Runs on every call of every entry point, so the message is
     only built for a failure."""
-
-    def expected() -> str:
-        return f"{'tensor' if dtype is None else dtype_name(dtype)} {_shape_text(dims, shape)}"
-
     if not isinstance(value, torch.Tensor):
-        raise TypeError(f"`{name}` must be a tensor ({expected()}), got {describe(value)}")
+        raise TypeError(f"`{name}` must be a tensor ({_expected(dtype, dims, shape)}), got "
+                        f"{describe(value)}")  # fmt: skip
     if dtype is not None and value.dtype != dtype:
-        raise TypeError(f"`{name}` must be {expected()}, got {describe(value)}")
-    got_shape = value.shape
-    matches = len(got_shape) == len(shape) and all(
-        want is None or got == want for got, want in zip(got_shape, shape, strict=True)
-    )
-    if not matches:
-        raise ValueError(f"`{name}` must be {expected()}, got {describe(value)}")
+        raise TypeError(f"`{name}` must be {_expected(dtype, dims, shape)}, got {describe(value)}")
+    if not _shape_matches(value.shape, shape):
+        raise ValueError(f"`{name}` must be {_expected(dtype, dims, shape)}, got {describe(value)}")
     if device is not None and value.device != _as_device(device):
         raise ValueError(f"`{name}` must be on {device}, got {describe(value)}")
     if contiguous and not value.is_contiguous():
         raise ValueError(f"`{name}` must be contiguous, got strides {list(value.stride())}")
     return value
+
+
+def _shape_matches(got: Sequence[int], want: Sequence[int | None]) -> bool:
+    # A plain loop, not all(<generator>): a third less host time in a check every call makes.
+    if len(got) != len(want):
+        return False
+    for size, wanted in zip(got, want):  # noqa: B905, SIM110 (lengths checked above)
+        if wanted is not None and size != wanted:
+            return False
+    return True
+
+
+def _expected(dtype: torch.dtype | None, dims, shape) -> str:
+    return f"{'tensor' if dtype is None else dtype_name(dtype)} {_shape_text(dims, shape)}"
 
 
 def _as_device(device) -> torch.device:

@@ -148,12 +148,26 @@ def launch(device: torch.device, kernel: str, **arguments):
     """Call `kernel` of the module serving `device` on that device's current stream.
 
     The extension takes raw addresses and a cudaStream_t as integers (no torch headers), so the
-    device guard and the stream are supplied here, once for every wrapper.
+    device guard and the stream are supplied here, once for every wrapper. Every kernel launch
+    of a step passes through here on the host's critical path, so the common case (a CUDA
+    device with an index) takes the cached module and torch's raw-stream query (what its
+    compiled kernels use) instead of building torch.device and torch.cuda.Stream objects.
     """
-    module = module_for_device(device)
-    if device.index == torch.cuda.current_device():  # the common case: no guard to enter
-        stream = torch.cuda.current_stream(device).cuda_stream
-        return getattr(module, kernel)(stream=stream, **arguments)
-    with torch.cuda.device(device):
-        stream = torch.cuda.current_stream(device).cuda_stream
-        return getattr(module, kernel)(stream=stream, **arguments)
+    index = device.index if device.type == "cuda" else None
+    if index is None:
+        module = module_for_device(device)
+        index = torch.cuda.current_device() if device.type == "cuda" else None
+    else:
+        module = _module_for_index(index)
+    if index == torch.cuda.current_device():  # the common case: no guard to enter
+        return getattr(module, kernel)(stream=_raw_stream(index), **arguments)
+    with torch.cuda.device(index):
+        return getattr(module, kernel)(stream=_raw_stream(index), **arguments)
+
+
+def _raw_stream(index: int) -> int:
+    """The cudaStream_t of the current stream of CUDA device `index`, as an int."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw(index)
+    return torch.cuda.current_stream(index).cuda_stream

@@ -19,7 +19,7 @@ def test_launch_forwards_arguments_and_the_current_stream(monkeypatch, current, 
     not already the current one."""
     calls, guarded = [], []
     module = SimpleNamespace(kernel=lambda **kw: calls.append(kw) or "result")
-    monkeypatch.setattr(_extension, "module_for_device", lambda device: module)
+    monkeypatch.setattr(_extension, "_module_for_index", lambda index: module)
 
     @contextlib.contextmanager
     def guard(device):
@@ -28,13 +28,20 @@ def test_launch_forwards_arguments_and_the_current_stream(monkeypatch, current, 
 
     monkeypatch.setattr(torch.cuda, "device", guard)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: current)
-    monkeypatch.setattr(
-        torch.cuda, "current_stream", lambda device: SimpleNamespace(cuda_stream=77)
-    )
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 70 + index)
     device = torch.device("cuda", 1)
     assert _extension.launch(device, "kernel", x=1, rows=2) == "result"
-    assert calls == [{"x": 1, "rows": 2, "stream": 77}]
-    assert guarded == ([device] if guard_entered else [])
+    assert calls == [{"x": 1, "rows": 2, "stream": 71}]
+    assert guarded == ([1] if guard_entered else [])
+
+
+def test_raw_stream_falls_back_to_the_stream_object(monkeypatch):
+    """Where torch lacks the raw-stream query, the current stream object's handle serves."""
+    monkeypatch.delattr(torch._C, "_cuda_getCurrentRawStream", raising=False)
+    monkeypatch.setattr(
+        torch.cuda, "current_stream", lambda index: SimpleNamespace(cuda_stream=77 + index)
+    )
+    assert _extension._raw_stream(2) == 79
 
 
 def test_aligned_copies_only_a_misaligned_view():
