@@ -6,9 +6,10 @@
 Sets up bench_mok's step outside the measurements and warms it up. Then, per pass (schedule +
 forward, backward), on an idle GPU as the harness times it: the host time of the call
 (`perf_counter`, no sync inside), the GPU time between events recorded before and after the
-call, and the time from the start event to the pass's first kernel, which the GPU spends waiting
-for the host (`torch.profiler`, median over the calls). Finally cProfile over `--calls` steps
-prints the functions with the most host time. Writes DIR/host-<mode>.json on rank 0.
+call, the time to the pass's first kernel and the GPU's idle time between its kernels, both spent
+waiting for the host (`torch.profiler`); medians over the calls, on every rank. Finally cProfile
+over `--calls` steps prints rank 0's functions with the most host time. Writes
+DIR/host-<mode>.json on rank 0.
 """
 
 from __future__ import annotations
@@ -119,11 +120,13 @@ def main() -> int:
         step = bench_mok.Step(d, shape, [harness.make_inputs(shape, d, 0)], mxfp8=args.mxfp8)
         for _ in range(3):  # warm-up: allocator, cuBLAS heuristics
             step.backward(step.forward())
-        times = measure(step, args.calls)
+        times = [None] * d.world  # every rank's: the slowest rank sets the step's time
+        dist.all_gather_object(times, measure(step, args.calls), group=d.group)
         stats = host_profile(step, args.calls, args.top)
-        report[f"{name} {mode} EP {d.world}"] = {"ms": times, "cprofile": stats}
+        report[f"{name} {mode} EP {d.world}"] = {"ms_per_rank": times, "cprofile_rank0": stats}
         if d.rank == 0:
-            print(f"\n{name} {mode} EP {d.world}: {json.dumps(times)}")
+            for rank, ms in enumerate(times):
+                print(f"\n{name} {mode} EP {d.world} rank {rank}: {json.dumps(ms)}")
             print(stats)
     if d.rank == 0:
         args.out.mkdir(parents=True, exist_ok=True)
