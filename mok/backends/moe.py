@@ -89,7 +89,8 @@ def backward(engine, d_y, shared, routed, saved, shared_saved, x, schedule, limi
     """One backward pass; pushes d_x rows and router-weight gradients to the source ranks.
 
     With a large shared expert, the pulls run in the background of its data gradients and the
-    pushes in the background of its weight gradients. Returns (d_x_shared, d_x_routed,
+    pushes in the background of its weight gradients and of the routed weight gradients'
+    elementwise inputs (the scaled d_out rows). Returns (d_x_shared, d_x_routed,
     d_gate_shared, d_gate_routed, d_up_shared, d_up_routed, d_hidden_shared, d_hidden_routed,
     d_w_shared_gate, d_w_routed_gate, d_w_shared_up, d_w_routed_up, d_w_shared_down,
     d_w_routed_down).
@@ -109,6 +110,7 @@ def backward(engine, d_y, shared, routed, saved, shared_saved, x, schedule, limi
     (d_x_r, d_rw, d_gate_r, d_up_r, d_hidden_r), routed_weight_grads = routed_out
     pushes = [(d_x_r, "d_x_routed_buffer"), (d_rw, "d_router_weight_buffer")]
     engine.push_all(pushes, schedule, background=overlap)
+    routed_weight_grads.prepare()  # elementwise passes, beside a background push too
     d_wg_s, d_wu_s, d_wd_s = shared_weight_grads()
     engine.join()
     d_w_gate, d_w_up, d_w_down = routed_weight_grads()

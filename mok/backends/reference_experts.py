@@ -197,7 +197,7 @@ def backward_bf16(d_out_rows, rw_rows, x_rows, gate, up, hidden, weights, gemm, 
     every row's weight is 1 (the shared expert: its d_out feeds the down wgrad unscaled).
 
     Returns ((d_x, d_router_weight, d_gate, d_up, d_hidden), weight_grads): the data gradients
-    now, and `weight_grads()`, which runs the weight-gradient GEMMs when called and returns
+    now, and a `WeightGrads`, which runs the weight-gradient GEMMs when called and returns
     (d_W_gate, d_W_up, d_W_down) bf16, so a caller can send the data gradients on their way first.
     """
     w_gate, w_up, w_down = weights
@@ -247,14 +247,35 @@ def _backward_tail(d_h, d_out, rw, x, gate, up, hidden, weights, gemm, limit, mx
     dgrad_in = (mx_round(d_gate, gemm), mx_round(d_up, gemm)) if mx else (d_gate, d_up)
     dgrad_terms = ((dgrad_in[0], w_gate.transpose(1, 2)), (dgrad_in[1], w_up.transpose(1, 2)))
     d_x = gemm.linear_sum(dgrad_terms).to(torch.bfloat16)
-
-    def weight_grads() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        d_y = d_out.to(torch.bfloat16) if unit else gemm.scale_rows(d_out, rw)
-        wgrad_in = (d_gate, d_up, d_y)
-        if mx:
-            wgrad_in = tuple(mx_round_rows(t, gemm) for t in wgrad_in)
-        d_w_gate, d_w_up = gemm.weight_grads(((wgrad_in[0], x), (wgrad_in[1], x)))
-        d_w_down = gemm.weight_grad(wgrad_in[2], hidden)
-        return tuple(t.to(torch.bfloat16) for t in (d_w_gate, d_w_up, d_w_down))
-
+    weight_grads = WeightGrads(gemm, (d_gate, d_up, d_out), None if unit else rw, x, hidden, mx)
     return (d_x, d_router_weight, d_gate, d_up, d_hidden), weight_grads
+
+
+class WeightGrads:
+    """The weight gradients (d_W_gate, d_W_up, d_W_down) bf16 of one backward, computed when
+    called. `prepare()` runs the elementwise passes their inputs need first (d_out scaled by the
+    router weights; in MXFP8 the row-blocked rounding), so a pass can enqueue those beside a
+    background exchange and the GEMMs after it; calling prepares whatever is not yet."""
+
+    def __init__(self, gemm, grads, rw, x, hidden, mx: bool):
+        self.gemm, self.grads, self.rw, self.mx = gemm, grads, rw, mx
+        self.x, self.hidden = x, hidden
+        self._inputs = None
+
+    def prepare(self) -> None:
+        if self._inputs is not None:
+            return
+        d_gate, d_up, d_out = self.grads
+        rw = self.rw  # None: unit weights (the shared expert), d_out as it is
+        d_y = d_out.to(torch.bfloat16) if rw is None else self.gemm.scale_rows(d_out, rw)
+        inputs = (d_gate, d_up, d_y)
+        if self.mx:
+            inputs = tuple(mx_round_rows(t, self.gemm) for t in inputs)
+        self._inputs = inputs
+
+    def __call__(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        self.prepare()
+        d_gate, d_up, d_y = self._inputs
+        d_w_gate, d_w_up = self.gemm.weight_grads(((d_gate, self.x), (d_up, self.x)))
+        d_w_down = self.gemm.weight_grad(d_y, self.hidden)
+        return tuple(t.to(torch.bfloat16) for t in (d_w_gate, d_w_up, d_w_down))

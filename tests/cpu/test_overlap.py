@@ -53,11 +53,28 @@ class RecordingEngine:
     def routed_gemms(self, schedule, num_experts):
         assert not self.pending, "routed GEMMs enqueued before the background exchange joined"
         row_expert = experts.row_experts(schedule[3], schedule[2], ROWS)
-        return experts.MaskedGemms(row_expert, num_experts)
+        return LoggedGemms(self, row_expert, num_experts)
 
     @staticmethod
     def shared_gemms(tokens):
         return experts.MaskedGemms(torch.zeros(tokens, dtype=torch.int64), 1)
+
+
+class LoggedGemms(experts.MaskedGemms):
+    """The routed experts' engine, logging the weight-gradient steps into the pass's log."""
+
+    def __init__(self, engine: RecordingEngine, row_expert, num_experts):
+        super().__init__(row_expert, num_experts)
+        self.engine = engine
+
+    def scale_rows(self, x, weight):
+        self.engine.log.append(("routed scale_rows", self.engine.pending))
+        return super().scale_rows(x, weight)
+
+    def weight_grads(self, pairs):
+        assert not self.engine.pending, "routed weight gradients before the push joined"
+        self.engine.log.append(("routed weight_grads", False))
+        return super().weight_grads(pairs)
 
 
 def _weights(gen, experts_count, inter=INTER):
@@ -93,7 +110,8 @@ def _run_step(shared_inter: int | None) -> RecordingEngine:
 
 def test_backward_exchanges_overlap_a_large_shared_expert_only():
     large = moe.MIN_SHARED_INTER_PER_TOPK  # at top-1: the smallest shared expert that overlaps
-    backgrounds = [kind for kind, bg in _run_step(large).log if bg]
+    exchanges = [(kind, bg) for kind, bg in _run_step(large).log if not kind.startswith("routed")]
+    backgrounds = [kind for kind, bg in exchanges if bg]
     assert backgrounds == [  # the backward's exchanges; the forward gained nothing (moe.py)
         "pull d_y_buffer",
         "pull router weights",
@@ -102,6 +120,17 @@ def test_backward_exchanges_overlap_a_large_shared_expert_only():
     ]
     for small in (large - 2, None):  # too small to hide an exchange; none at all
         assert not any(bg for _, bg in _run_step(small).log)
+
+
+def test_routed_wgrad_inputs_are_prepared_beside_the_push():
+    """The scaled d_out rows are computed while the background push runs (the comm stream's
+    fork is pending), the routed weight-gradient GEMMs only after it joined."""
+    log = _run_step(moe.MIN_SHARED_INTER_PER_TOPK).log
+    kinds = [kind for kind, _ in log]
+    scale = kinds.index("routed scale_rows")
+    assert log[scale] == ("routed scale_rows", True)
+    assert kinds.index("push d_x_routed_buffer") < scale < kinds.index("routed weight_grads")
+    assert "join" in kinds[scale : kinds.index("routed weight_grads")]
 
 
 def test_each_pass_asks_for_three_barriers():
