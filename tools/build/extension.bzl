@@ -57,7 +57,6 @@ EXTENSION_HEADERS = [
     "csrc/api/mxfp8.hpp",
     "csrc/api/schedule.hpp",
     "csrc/comm.h",
-    "csrc/common/bulk_pull.cuh",
     "csrc/common/cuda_check.hpp",
     "csrc/common/flags.cuh",
     "csrc/common/mxfp8_format.hpp",
