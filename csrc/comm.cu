@@ -9,7 +9,6 @@
 //   - a kernel that reads what peers stored runs after a barrier kernel whose acquire loads saw
 //     those peers' flags.
 #include "comm.h"
-#include "common/bulk_pull.cuh"
 #include "common/flags.cuh"
 #include "common/row_copy.cuh"
 
@@ -24,9 +23,6 @@ namespace detail {
 constexpr int kBarrierThreads = 128;  // >= kMaxRanks: one thread per peer, no loop in practice
 constexpr int kGatherThreads = 256;
 constexpr int kMaxGatherCtasPerPeer = 16;
-constexpr int kBulkThreads = 32;  // one warp: all clear the zero piece, thread 0 drives the copies
-// Rows narrower than this take the thread copy (a piece per row would be mostly overhead).
-constexpr int64_t kMinBulkRowBytes = 1024;
 
 // One CTA. Thread p signals peer p, then waits for peer p's signal; the epoch counter is read
 // before and written after, by thread 0, so every thread uses the same epoch and the next barrier
@@ -104,69 +100,6 @@ __global__ void __launch_bounds__(kCopyThreads) pull_kernel(PullArgs a, int lane
       zero_row(dst, vecs, team);
     }
   }
-}
-
-// The pull on the copy engine (common/bulk_pull.cuh): task t is piece t % pieces of row
-// t / pieces; this CTA takes tasks blockIdx.x + j * gridDim.x. Thread 0 keeps kBulkStages loads
-// in flight and stores each piece once it has landed; a padding piece is stored from `zero`.
-__global__ void __launch_bounds__(kBulkThreads) bulk_pull_kernel(PullArgs a) {
-  extern __shared__ __align__(128) uint8_t smem[];
-  uint8_t* zero = smem + kBulkStages * kBulkPieceBytes;
-  auto* bars = reinterpret_cast<uint64_t*>(zero + kBulkPieceBytes);
-  for (int64_t i = threadIdx.x; i < kBulkPieceBytes / 16; i += blockDim.x) {
-    reinterpret_cast<uint4*>(zero)[i] = make_uint4(0, 0, 0, 0);
-  }
-  if (threadIdx.x == 0) {
-    for (int stage = 0; stage < kBulkStages; ++stage) mbarrier_init(bars + stage, 1);
-  }
-  fence_shared_for_bulk();
-  __syncthreads();
-  if (threadIdx.x != 0) return;
-  const int64_t live = live_rows(a.schedule);
-  const int64_t pieces = (a.row_bytes + kBulkPieceBytes - 1) / kBulkPieceBytes;
-  const int64_t tasks = a.schedule.rows * pieces;
-  const int64_t mine = tasks > blockIdx.x ? (tasks - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
-  auto* out = static_cast<uint8_t*>(a.out);
-  // The source of local task j, or nullptr for padding; its bytes and destination.
-  auto locate = [&](int64_t j, uint32_t* bytes, uint8_t** dst) -> const uint8_t* {
-    const int64_t task = blockIdx.x + j * gridDim.x;
-    const int64_t row = task / pieces;
-    const int64_t offset = (task % pieces) * kBulkPieceBytes;
-    *bytes = static_cast<uint32_t>(min(kBulkPieceBytes, a.row_bytes - offset));
-    *dst = out + row * a.row_bytes + offset;
-    int rank;
-    int64_t index;
-    if (!schedule_entry(a.schedule, row, live, a.ep, a.divisor, a.src_rows, &rank, &index)) {
-      return nullptr;
-    }
-    return reinterpret_cast<const uint8_t*>(a.src_table[rank]) + index * a.row_bytes + offset;
-  };
-  auto issue = [&](int64_t j) {
-    uint32_t bytes;
-    uint8_t* dst;
-    const uint8_t* src = locate(j, &bytes, &dst);
-    if (src == nullptr) return;
-    const int stage = static_cast<int>(j % kBulkStages);
-    bulk_stores_wait<false>();  // the stage's previous piece has left shared memory
-    mbarrier_expect_bytes(bars + stage, bytes);
-    bulk_load(smem + stage * kBulkPieceBytes, src, bytes, bars + stage);
-  };
-  uint32_t parity = 0;  // bit s: the phase stage s completes next
-  for (int64_t j = 0; j < mine && j < kBulkStages; ++j) issue(j);
-  for (int64_t j = 0; j < mine; ++j) {
-    uint32_t bytes;
-    uint8_t* dst;
-    const int stage = static_cast<int>(j % kBulkStages);
-    if (locate(j, &bytes, &dst) == nullptr) {
-      bulk_store(dst, zero, bytes);
-    } else {
-      mbarrier_wait(bars + stage, (parity >> stage) & 1u);
-      parity ^= 1u << stage;
-      bulk_store(dst, smem + stage * kBulkPieceBytes, bytes);
-    }
-    if (j + kBulkStages < mine) issue(j + kBulkStages);
-  }
-  bulk_stores_wait<true>();
 }
 
 template <typename V>
@@ -254,15 +187,7 @@ cudaError_t launch_all_gather(const AllGatherArgs& args, cudaStream_t stream) {
 }
 
 cudaError_t launch_pull(const PullArgs& args, cudaStream_t stream) {
-  const bool bulk = args.bulk && args.row_bytes >= detail::kMinBulkRowBytes &&
-                    detail::vector_bytes(args.row_bytes, args.out) == 16;
-  if (!bulk || args.schedule.rows == 0) return detail::launch_rows(args, args.out, stream);
-  cudaError_t status = cudaFuncSetAttribute(
-      detail::bulk_pull_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kBulkSmemBytes);
-  if (status != cudaSuccess) return status;
-  const dim3 grid(static_cast<unsigned>(std::max(args.ctas, 1)));
-  detail::bulk_pull_kernel<<<grid, detail::kBulkThreads, kBulkSmemBytes, stream>>>(args);
-  return cudaGetLastError();
+  return detail::launch_rows(args, args.out, stream);
 }
 
 cudaError_t launch_push(const PushArgs& args, cudaStream_t stream) {

@@ -53,9 +53,6 @@ struct PullArgs {
   int divisor = 1;
   int ep = 1;
   int ctas = 1;
-  // Rows of 16-byte multiples (>= 1 KiB, 16-byte aligned output) go through the copy engine
-  // (common/bulk_pull.cuh) unless this is false; others always take the thread copy.
-  bool bulk = true;
 };
 
 // Rank peer_rank[i]'s destination row peer_token_idx[i] = rows[i]; padding rows are skipped.

@@ -52,16 +52,6 @@ def timeout_ns() -> int:
     return int(seconds * 1e9)
 
 
-def bulk_pull() -> bool:
-    """Whether pulls of wide rows use the copy engine (MOK_BULK_PULL, default 1; 0 = thread
-    copies, the former path). Same bits either way; the copy engine needs far fewer SMs for
-    remote loads, which matters when a pull runs beside GEMMs (benchmarks/NOTES.md v5)."""
-    text = os.environ.get("MOK_BULK_PULL", "1")
-    if text not in ("0", "1"):
-        raise ValueError(f"MOK_BULK_PULL must be 0 or 1, got {text!r}")
-    return text == "1"
-
-
 def _run(ws: MoKWorkspace, kernel: str, **arguments) -> None:
     """Call the extension's `kernel` on the workspace device's current stream."""
     if ws.device.type != "cuda" or not ws.peer_ptr_tables:
@@ -198,7 +188,6 @@ def _pull(ws, name, source, schedule, out, divisor, sync_before, sync_after, num
         divisor=divisor,
         ep=ws.ep_size,
         ctas=num_ctas or _default_ctas(ws.device),
-        bulk=bulk_pull(),
     )
     if sync_after:
         barrier(ws)

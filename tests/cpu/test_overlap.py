@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mok.backends import cuda_comm, moe
+from mok.backends import moe
 from mok.backends import reference_experts as experts
 from mok.backends.cuda_moe import background_ctas, sm_carveout
 
@@ -151,16 +151,6 @@ def test_overlap_ctas_rejects_bad_values(monkeypatch, text):
     monkeypatch.setenv("MOK_OVERLAP_CTAS", text)
     with pytest.raises(ValueError, match="MOK_OVERLAP_CTAS must be a CTA count >= 0"):
         background_ctas()
-
-
-def test_bulk_pull_knob(monkeypatch):
-    monkeypatch.delenv("MOK_BULK_PULL", raising=False)
-    assert cuda_comm.bulk_pull() is True
-    monkeypatch.setenv("MOK_BULK_PULL", "0")
-    assert cuda_comm.bulk_pull() is False
-    monkeypatch.setenv("MOK_BULK_PULL", "yes")
-    with pytest.raises(ValueError, match="MOK_BULK_PULL must be 0 or 1"):
-        cuda_comm.bulk_pull()
 
 
 def test_sm_carveout_is_scoped():

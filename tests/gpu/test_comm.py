@@ -81,17 +81,9 @@ def test_barrier_advances_one_epoch_per_call(seed, workspaces):
     expect_clean(ws, problems)
 
 
-# Rows of 16640 bytes: two full copy-engine pieces and a 256-byte tail (the bulk pull's pieces).
-PULL_SHAPES = [*SHAPES, (40, 8320, 2, 2)]
-PULL_SHAPE_IDS = [*SHAPE_IDS, "T40-H8320-k2"]
-
-
-@pytest.mark.parametrize("bulk", ["1", "0"], ids=["bulk", "threads"])
 @pytest.mark.parametrize("kind", ROUTINGS)
-@pytest.mark.parametrize("shape", PULL_SHAPES, ids=PULL_SHAPE_IDS)
-def test_pull_rows_and_router_weights(shape, kind, bulk, seed, workspaces, monkeypatch):
-    """Both pull paths (MOK_BULK_PULL): the copy engine for rows of >= 1 KiB, thread copies."""
-    monkeypatch.setenv("MOK_BULK_PULL", bulk)
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+def test_pull_rows_and_router_weights(shape, kind, seed, workspaces):
     ws, gen, rng = ws_and_draws(workspaces, seed, "pull", shape, kind)
 
     def one_call(call: int, sched: tuple[torch.Tensor, ...]) -> list[str | None]:
@@ -217,8 +209,7 @@ def test_rejects_bad_arguments(workspaces):
         )
     module = _extension.module_for_device(ws.device)
     with pytest.raises(ValueError, match="row_bytes"):
-        address = 1 << 20
-        module.comm_pull_rows(*[address] * 5, 256, 6, 1, 1, 1, 1, True, 0)
+        module.comm_pull_rows(1 << 20, 1 << 20, 1 << 20, 1 << 20, 1 << 20, 256, 6, 1, 1, 1, 1, 0)
     with pytest.raises(ValueError, match="rank"):
         module.comm_barrier(1 << 20, 1 << 20, 1 << 20, 1 << 20, 3, 2, 1, 0)
     with pytest.raises(ValueError, match="ep"):
