@@ -178,9 +178,6 @@ def background_ctas() -> int:
     return ctas
 
 
-# Background pushes get MOK_OVERLAP_CTAS // 4 CTAs (see CudaEngine.push_all).
-PUSH_CTA_DIVISOR = 4
-
 _COMM_STREAMS: dict[int, torch.cuda.Stream] = {}
 
 
@@ -209,7 +206,6 @@ class CudaEngine:
         self.ws = workspace
         self.ctas = background_ctas()
         self._waiting: torch.cuda.Stream | None = None  # the stream to join, when forked
-        self._running_ctas = 0  # CTAs of the background exchange enqueued last
 
     @classmethod
     def for_buffers(cls, buffers: dict[str, torch.Tensor]) -> CudaEngine:
@@ -225,9 +221,8 @@ class CudaEngine:
         return cls(workspace)
 
     @contextlib.contextmanager
-    def _exchange(self, background: bool, ctas: int | None = None):
-        """Yields the CTA count for the exchange enqueued inside (None: the default, all SMs):
-        `ctas`, or MOK_OVERLAP_CTAS in the background."""
+    def _exchange(self, background: bool):
+        """Yields the CTA count for the exchange enqueued inside (None: the default, all SMs)."""
         if not (background and self.ctas):
             yield None
             return
@@ -236,9 +231,8 @@ class CudaEngine:
         if self._waiting is None:
             self._waiting = current
         comm.wait_stream(current)
-        self._running_ctas = ctas or self.ctas
         with torch.cuda.stream(comm):
-            yield self._running_ctas
+            yield self.ctas
 
     @property
     def topk(self) -> int:
@@ -269,10 +263,8 @@ class CudaEngine:
 
     def push_all(self, pushes, schedule, background: bool = False) -> None:
         """Combine each (rows, destination name): every destination zeroed, one barrier, the
-        pushes, one barrier (not two per push). In the background on a quarter of the pulls'
-        CTAs: remote stores do not wait for answers, so 16 CTAs push at NVLink speed where a
-        pull needs 64 (benchmarks/NOTES.md v5), and the GEMMs beside keep more SMs."""
-        with self._exchange(background, max(1, self.ctas // PUSH_CTA_DIVISOR)) as ctas:
+        pushes, one barrier (not two per push)."""
+        with self._exchange(background) as ctas:
             for _, name in pushes:  # before the barrier that precedes the pushes
                 cuda_comm.zero_destination(self.ws, name)
             for i, (rows, name) in enumerate(pushes):
@@ -292,4 +284,4 @@ class CudaEngine:
 
     def _background_sms(self) -> int:
         """SMs to leave to the background exchange that is running now (0 when none is)."""
-        return self._running_ctas if self._waiting is not None else 0
+        return self.ctas if self._waiting is not None else 0

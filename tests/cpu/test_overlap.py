@@ -4,12 +4,10 @@ tests/gpu/test_functional_cuda.py."""
 
 from __future__ import annotations
 
-import contextlib
-
 import pytest
 import torch
 
-from mok.backends import cuda_comm, moe
+from mok.backends import moe
 from mok.backends import reference_experts as experts
 from mok.backends.cuda_moe import background_ctas, sm_carveout
 
@@ -166,29 +164,3 @@ def test_sm_carveout_is_scoped():
     assert torch._C._get_sm_carveout_experimental() == before
     with sm_carveout(0):  # nothing to leave free: the setting is untouched
         assert torch._C._get_sm_carveout_experimental() == before
-
-
-def test_background_pushes_get_a_quarter_of_the_ctas(monkeypatch):
-    """Pulls run on MOK_OVERLAP_CTAS CTAs, pushes on a quarter of them, and the shared GEMMs
-    leave free the SMs of the exchange running beside them (CudaEngine, streams faked)."""
-    from types import SimpleNamespace
-
-    from mok.backends import cuda_moe
-
-    stream = SimpleNamespace(wait_stream=lambda other: None)
-    monkeypatch.setattr(cuda_moe, "_comm_stream", lambda device: stream)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: stream)
-    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
-    launched = []
-    monkeypatch.setattr(cuda_comm, "zero_destination", lambda ws, name: None)
-    monkeypatch.setattr(cuda_comm, "push_rows", lambda *a, num_ctas, **k: launched.append(num_ctas))
-    monkeypatch.setattr(cuda_comm, "pull_rows", lambda *a, num_ctas, **k: launched.append(num_ctas))
-    monkeypatch.setenv("MOK_OVERLAP_CTAS", "64")
-    ws = SimpleNamespace(device=torch.device("cpu"), x_buffer=torch.zeros(4, 8))
-    engine = cuda_moe.CudaEngine(ws)
-    engine.pull("x_buffer", (torch.zeros(4),), background=True)
-    assert launched == [64] and engine._background_sms() == 64
-    engine.push_all([(None, "combine_buffer")], None, background=True)
-    assert launched == [64, 16] and engine._background_sms() == 16
-    engine.join()
-    assert engine._background_sms() == 0
