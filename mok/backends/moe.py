@@ -30,11 +30,12 @@ from mok.backends import reference_experts as experts
 
 # Only the backward overlaps. Its shared-expert phases (data gradients beside the pulls, weight
 # gradients beside the pushes) each take ~6·T·H·I_s FLOPs, an exchange moves ~2·T·k·H bytes; at
-# H200's ~650 TFLOP/s and the ~650 GB/s a background exchange reaches on a quarter of the SMs,
-# the GEMMs outlast the exchange from I_s ≈ 330·k. Measured on 2x H200 (benchmarks/NOTES.md v4):
-# the DSV4-Pro-like backward (I_s 3072, top-6) 0.2-0.8 ms faster in four runs, the Qwen3.5-like
-# one (I_s 1024, top-10) ~0.2 ms slower. The forward's dispatch beside its shared expert gained
-# nothing (+0.27 to -0.05 ms): GEMMs on three quarters of the SMs last about as long as the pull.
+# H200's ~650 TFLOP/s and the ~650 GB/s a background exchange reached on a quarter of the SMs
+# (32 CTAs; since v5 it gets 64), the GEMMs outlast the exchange from I_s ≈ 330·k. Measured on
+# 2x H200 (benchmarks/NOTES.md v4, v5): the DSV4-Pro-like backward (I_s 3072, top-6) 0.2-0.8 ms
+# faster than in the foreground, the Qwen3.5-like one (I_s 1024, top-10) ~0.2 ms slower. The
+# forward's dispatch beside its shared expert gained nothing (+0.27 to -0.05 ms on 32 CTAs, -0.04
+# on 64): GEMMs on the remaining SMs last about as long as the pull.
 MIN_SHARED_INTER_PER_TOPK = 330
 
 
