@@ -83,8 +83,10 @@ def build_schedule(
 
 
 def _routing(top_experts: torch.Tensor, num_experts: int, status: torch.Tensor) -> torch.Tensor:
-    """int32 ids, -1 for the invalid ones, which `status` records (one kernel on CUDA)."""
-    if backends.uses_cuda(top_experts.device):
+    """int32 ids, -1 for the invalid ones, which `status` records: one kernel on CUDA in eager
+    mode; torch ops (the same bits) elsewhere and while torch.compile traces, which cannot
+    follow a raw kernel launch."""
+    if not torch.compiler.is_compiling() and backends.uses_cuda(top_experts.device):
         from mok.backends import cuda_schedule
 
         return cuda_schedule.routing(top_experts, num_experts, status)

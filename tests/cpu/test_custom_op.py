@@ -77,3 +77,18 @@ def test_reference_routing_marks_invalid_ids(bad):
     want = [[1, 0], [v if 0 <= v < 2 else -1 for v in bad]]
     assert got.dtype == torch.int32 and got.tolist() == want
     assert int(word) == status.INVALID_EXPERT_ID
+
+
+def test_build_schedule_routing_is_traceable_while_compiling(monkeypatch):
+    """Under torch.compile the routing takes the torch ops even where the CUDA kernel would
+    serve eagerly (a raw launch cannot be traced)."""
+    from mok import schedule
+    from mok.backends import reference
+
+    calls = []
+    monkeypatch.setattr(schedule.backends, "uses_cuda", lambda device: True)
+    monkeypatch.setattr(reference, "routing", lambda *args: calls.append(args) or "torch ops")
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    ids = torch.zeros((2, 2), dtype=torch.int64)
+    assert schedule._routing(ids, 4, torch.zeros(1, dtype=torch.int32)) == "torch ops"
+    assert len(calls) == 1
