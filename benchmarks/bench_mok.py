@@ -12,8 +12,11 @@ not exist yet) is what is timed; the run records which one it was (harness.envir
 
 from __future__ import annotations
 
+import argparse
 import itertools
+import json
 import os
+from pathlib import Path
 
 import harness
 
@@ -120,3 +123,29 @@ def run_bf16_foreground(d, timer, shape, sets) -> dict:
             del os.environ["MOK_OVERLAP_CTAS"]
         else:
             os.environ["MOK_OVERLAP_CTAS"] = before
+
+
+# ------------------------------------------------------------------- shared by the profilers
+
+
+def profiler_parser(doc: str, top: int) -> argparse.ArgumentParser:
+    """The options of benchmarks/profile_*.py: --out, --shapes, --mxfp8, --top."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--shapes", nargs="+", default=list(harness.SHAPES))
+    p.add_argument("--mxfp8", action="store_true")
+    p.add_argument("--top", type=int, default=top, help="rows of each printed table")
+    return p
+
+
+def warm_step(d: harness.Dist, shape: harness.Shape, mxfp8: bool, steps: int) -> Step:
+    """A Step on input set 0 after `steps` untimed steps (allocator, cuBLAS heuristics)."""
+    step = Step(d, shape, [harness.make_inputs(shape, d, 0)], mxfp8=mxfp8)
+    for _ in range(steps):
+        step.backward(step.forward())
+    return step
+
+
+def write_report(path: Path, report: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1))

@@ -14,7 +14,6 @@ DIR/host-<mode>.json on rank 0.
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import functools
 import io
@@ -22,7 +21,6 @@ import json
 import pstats
 import statistics
 import time
-from pathlib import Path
 
 import bench_mok
 import harness
@@ -105,21 +103,14 @@ def host_profile(step, calls: int, top: int) -> str:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--shapes", nargs="+", default=list(harness.SHAPES))
-    p.add_argument("--mxfp8", action="store_true")
+    p = bench_mok.profiler_parser(__doc__, top=30)
     p.add_argument("--calls", type=int, default=20)
-    p.add_argument("--top", type=int, default=30)
     args = p.parse_args()
     d = harness.setup_distributed(cpu=False, timeout_s=120.0)
     mode = "mxfp8" if args.mxfp8 else "bf16"
     report = {}
     for name in args.shapes:
-        shape = harness.SHAPES[name]
-        step = bench_mok.Step(d, shape, [harness.make_inputs(shape, d, 0)], mxfp8=args.mxfp8)
-        for _ in range(3):  # warm-up: allocator, cuBLAS heuristics
-            step.backward(step.forward())
+        step = bench_mok.warm_step(d, harness.SHAPES[name], args.mxfp8, steps=3)
         times = [None] * d.world  # every rank's: the slowest rank sets the step's time
         dist.all_gather_object(times, measure(step, args.calls), group=d.group)
         stats = host_profile(step, args.calls, args.top)
@@ -129,8 +120,7 @@ def main() -> int:
                 print(f"\n{name} {mode} EP {d.world} rank {rank}: {json.dumps(ms)}")
             print(stats)
     if d.rank == 0:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / f"host-{mode}.json").write_text(json.dumps(report, indent=1))
+        bench_mok.write_report(args.out / f"host-{mode}.json", report)
     dist.destroy_process_group()
     return 0
 

@@ -13,12 +13,9 @@ their template arguments. `--overlap-ctas` repeats everything for each MOK_OVERL
 
 from __future__ import annotations
 
-import argparse
 import collections
-import json
 import os
 import re
-from pathlib import Path
 
 import bench_mok
 import harness
@@ -68,9 +65,7 @@ def timeline(prof) -> list[tuple[float, float, int, str]]:
 
 
 def profile_shape(d, shape, mxfp8: bool, top: int, label: str) -> dict:
-    step = bench_mok.Step(d, shape, [harness.make_inputs(shape, d, 0)], mxfp8=mxfp8)
-    for _ in range(2):  # warm-up: allocator, cuBLAS heuristics
-        step.backward(step.forward())
+    step = bench_mok.warm_step(d, shape, mxfp8, steps=2)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(STEPS):
@@ -90,11 +85,7 @@ def profile_shape(d, shape, mxfp8: bool, top: int, label: str) -> dict:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--shapes", nargs="+", default=list(harness.SHAPES))
-    p.add_argument("--mxfp8", action="store_true")
-    p.add_argument("--top", type=int, default=25)
+    p = bench_mok.profiler_parser(__doc__, top=25)
     p.add_argument("--overlap-ctas", nargs="+", help="MOK_OVERLAP_CTAS values to compare")
     args = p.parse_args()
     d = harness.setup_distributed(cpu=False, timeout_s=120.0)
@@ -106,8 +97,7 @@ def main() -> int:
             label = f"{name} {mode} EP {d.world} MOK_OVERLAP_CTAS={ctas or 'default'}"
             report[label] = profile_shape(d, harness.SHAPES[name], args.mxfp8, args.top, label)
     # Every rank's file: a barrier's wait on one rank is the other ranks' lateness.
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"profile-{mode}-rank{d.rank}.json").write_text(json.dumps(report, indent=1))
+    bench_mok.write_report(args.out / f"profile-{mode}-rank{d.rank}.json", report)
     dist.destroy_process_group()
     return 0
 

@@ -151,3 +151,22 @@ def test_plot_writes_a_png(smoke):
     png = smoke["dir"] / "chart.png"
     assert _load("plot").main([str(smoke["dir"] / "results.json"), "--out", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_profilers_share_options_warm_step_and_report(single_rank_group, tmp_path, monkeypatch):
+    """What benchmarks/profile_{step,host}.py share (bench_mok): their options, a warmed-up Step
+    (here on CPU, one rank, the smoke shape) and the JSON report."""
+    import torch
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import bench_mok
+    import harness
+
+    args = bench_mok.profiler_parser("Title line.\nMore.", top=7).parse_args(["--out", "o"])
+    assert (args.top, args.mxfp8, args.shapes) == (7, False, list(harness.SHAPES))
+    shape = harness.SMOKE_SHAPES["tiny"]
+    d = harness.Dist(0, 1, torch.device("cpu"), single_rank_group)
+    _, _, out, _ = bench_mok.warm_step(d, shape, False, steps=1).forward(0)
+    assert out.shape == (shape.tokens, shape.hidden)
+    bench_mok.write_report(tmp_path / "new" / "r.json", {"a": [1]})
+    assert json.loads((tmp_path / "new" / "r.json").read_text()) == {"a": [1]}
