@@ -153,12 +153,12 @@ def launch(device: torch.device, kernel: str, **arguments):
     device with an index) takes the cached module and torch's raw-stream query (what its
     compiled kernels use) instead of building torch.device and torch.cuda.Stream objects.
     """
-    index = device.index if device.type == "cuda" else None
-    if index is None:
-        module = module_for_device(device)
-        index = torch.cuda.current_device() if device.type == "cuda" else None
-    else:
+    if device.type == "cuda" and device.index is not None:
+        index = device.index
         module = _module_for_index(index)
+    else:
+        module = module_for_device(device)  # NotImplementedError for a non-CUDA device
+        index = torch.cuda.current_device()
     if index == torch.cuda.current_device():  # the common case: no guard to enter
         return getattr(module, kernel)(stream=_raw_stream(index), **arguments)
     with torch.cuda.device(index):
