@@ -72,7 +72,7 @@ inline int64_t grouped_gemm_scratch_bytes(int kind, int groups, int sm_count) {
 
 inline void grouped_gemm(int kind, uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t d,
                          uintptr_t a2, uintptr_t b2, uintptr_t c2, uintptr_t d2, uintptr_t rows,
-                         int experts, int64_t n, int64_t k, int64_t total_rows, int sm_count,
+                         uintptr_t row_source, int experts, int64_t n, int64_t k, int64_t total_rows, int sm_count,
                          uintptr_t scratch,
                          int64_t scratch_bytes, uintptr_t stream) {
   namespace check = gemm_checks;
@@ -87,6 +87,10 @@ inline void grouped_gemm(int kind, uintptr_t a, uintptr_t b, uintptr_t c, uintpt
   check::require(rows != 0 && rows % 4 == 0,
                  "`rows` must be a 4-byte aligned device address, got " + std::to_string(rows));
   args.rows = reinterpret_cast<const int32_t*>(rows);
+  check::require(row_source % 4 == 0,
+                 "`row_source` must be 0 or a 4-byte aligned device address, got " +
+                     std::to_string(row_source));
+  args.row_source = reinterpret_cast<const int32_t*>(row_source);
   check::require(experts >= 1 && experts * args.num_sets <= 1024,
                  "`experts` times the operand sets must be in [1, 1024], got " +
                      std::to_string(experts) + " x " + std::to_string(args.num_sets));
@@ -120,11 +124,13 @@ inline void bind_gemm(pybind11::module_& m) {
         "Device scratch bytes one grouped_gemm launch of `groups` groups needs.");
   m.def("grouped_gemm", &grouped_gemm, py::arg("kind"), py::arg("a"), py::arg("b"), py::arg("c"),
         py::arg("d"), py::arg("a2"), py::arg("b2"), py::arg("c2"), py::arg("d2"), py::arg("rows"),
-        py::arg("experts"), py::arg("n"), py::arg("k"), py::arg("total_rows"), py::arg("sm_count"), py::arg("scratch"),
+        py::arg("row_source"), py::arg("experts"), py::arg("n"), py::arg("k"), py::arg("total_rows"), py::arg("sm_count"), py::arg("scratch"),
         py::arg("scratch_bytes"), py::arg("stream"),
         R"doc(Grouped GEMM over the schedule's expert segments on `stream` (asynchronous).
 
 `rows` int32 [experts]: padded rows per expert (device). Segment e starts at sum(rows[:e]).
+`row_source` int32 [sum(rows)] (or 0): the schedule's source rank per row, -1 for padding; a
+segment's rows after its last routed one then get no tiles (zero rows in d, left out of kind 3).
 kind 0: d[seg] bf16 [R, n] = a[seg] bf16 [R, k] @ b[e]^T, b bf16 [E, n, k]
 kind 1: d[seg] fp32 [R, n] = a[seg] @ b[e], b bf16 [E, k, n]
 kind 2: d[seg] bf16 = c[seg] fp32 + a[seg] @ b[e]

@@ -2,7 +2,9 @@
 //
 // Every GEMM runs over the schedule's expert segments: `rows[g]` consecutive routed rows per
 // local expert (multiples of 256, read on the device), so a launch needs no host sync. One
-// launch may cover two operand sets (gate and up): groups = sets * experts.
+// launch may cover two operand sets (gate and up): groups = sets * experts. Given the schedule's
+// row sources, a segment's trailing padding rows (source -1, zero rows) get no tiles: the
+// linear kinds write them as zeros, the weight gradient leaves them out of its sum.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -20,7 +22,7 @@ enum class Kind : int {
   kLinearTransposed = 1,
   // D (bf16) = C (fp32) + A[row0:, :K] @ B[e]; the second half of a two-term dgrad.
   kLinearTransposedAccumulate = 2,
-  // D[e] (fp32 [M, N]) = A[row0:row0+R, :M]^T @ B[row0:row0+R, :N]; empty experts get zeros.
+  // D[e] (bf16 [M, N]) = A[row0:row0+R, :M]^T @ B[row0:row0+R, :N]; empty experts get zeros.
   kWeightGrad = 3,
 };
 
@@ -39,6 +41,8 @@ struct GroupedArgs {
   OperandSet sets[kMaxSets];
   int num_sets = 1;
   const int32_t* rows = nullptr;  // [experts] padded rows per expert (device)
+  // [sum(rows)] source rank of each row, -1 for padding (device), or null: every row computed.
+  const int32_t* row_source = nullptr;
   int experts = 0;
   int64_t n = 0;  // output columns
   int64_t k = 0;  // reduction length (kLinear*) / output rows M (kWeightGrad)

@@ -13,7 +13,10 @@
 namespace mok::gemm::detail {
 
 constexpr size_t kTableAlignment = 128;
-constexpr int kMaxGroups = 1024;  // one thread per group in fill_tables
+constexpr int kWarp = 32;  // one warp per group in fill_tables
+// The schedule pads a segment to a multiple of 256 rows, so at most 255 trailing rows are padding:
+// fill_tables looks this far back for a segment's last routed row.
+constexpr int kMaxPaddingRows = 256;
 
 inline __host__ __device__ size_t round_up(size_t bytes) {
   return (bytes + kTableAlignment - 1) / kTableAlignment * kTableAlignment;
@@ -39,12 +42,14 @@ struct GroupTables {
   StrideB* stride_b;
   StrideC* stride_c;
   StrideD* stride_d;
+  int32_t* used;  // rows of each group's segment the GEMM computes (the rest are zero rows)
 
   static size_t bytes(int groups) {
     const size_t g = static_cast<size_t>(groups);
     return round_up(g * sizeof(Shape)) + 4 * round_up(g * sizeof(void*)) +
            round_up(g * sizeof(StrideA)) + round_up(g * sizeof(StrideB)) +
-           round_up(g * sizeof(StrideC)) + round_up(g * sizeof(StrideD));
+           round_up(g * sizeof(StrideC)) + round_up(g * sizeof(StrideD)) +
+           round_up(g * sizeof(int32_t));
   }
 
   // Lays the tables out back to back from `base` (which may be null to size them).
@@ -66,6 +71,7 @@ struct GroupTables {
     t.stride_b = reinterpret_cast<StrideB*>(take(sizeof(StrideB)));
     t.stride_c = reinterpret_cast<StrideC*>(take(sizeof(StrideC)));
     t.stride_d = reinterpret_cast<StrideD*>(take(sizeof(StrideD)));
+    t.used = reinterpret_cast<int32_t*>(take(sizeof(int32_t)));
     return t;
   }
 };
@@ -82,16 +88,33 @@ __device__ Stride leading_stride(int64_t leading) {
   return stride;
 }
 
-// Group g = set * experts + e. Segment e starts at row0 = sum(rows[:e]).
+// Rows of the segment [row0, row0 + rows) up to its last routed row (source >= 0), for the whole
+// warp: the schedule puts a segment's padding rows (source -1, zero in every routed buffer) after
+// its routed rows, so no tile needs to cover them. Without a source table every row counts.
+__device__ __forceinline__ int routed_rows(const int32_t* source, int64_t row0, int rows) {
+  if (source == nullptr) return rows;
+  const int lane = static_cast<int>(threadIdx.x) % kWarp;
+  for (int back = 0; back < kMaxPaddingRows && back < rows; back += kWarp) {
+    const int row = rows - 1 - back - lane;  // lane 0 the highest row of this step
+    const bool routed = row >= 0 && source[row0 + row] >= 0;
+    const unsigned hits = __ballot_sync(0xffffffffu, routed);
+    if (hits != 0) return rows - back - (__ffs(hits) - 1);
+  }
+  // No routed row among the last kMaxPaddingRows: only those are known to be padding.
+  return rows > kMaxPaddingRows ? rows - kMaxPaddingRows : 0;
+}
+
+// Group g = set * experts + e (one warp each). Segment e starts at row0 = sum(rows[:e]).
 template <Kind kKind, class Tables>
 __global__ void fill_tables_kernel(GroupedArgs args, Tables tables) {
-  const int g = static_cast<int>(threadIdx.x);
-  if (g >= args.num_sets * args.experts) return;
+  const int g = static_cast<int>(blockIdx.x);
   const int set = g / args.experts;
   const int e = g % args.experts;
   int64_t row0 = 0;
   for (int j = 0; j < e; ++j) row0 += args.rows[j];
-  const int rows = args.rows[e];
+  const int used = routed_rows(args.row_source, row0, args.rows[e]);
+  if (threadIdx.x != 0) return;
+  tables.used[g] = used;
   const OperandSet& s = args.sets[set];
   using Element = typename Tables::ElementAB;
   using ElementC = typename Tables::ElementSource;
@@ -106,16 +129,17 @@ __global__ void fill_tables_kernel(GroupedArgs args, Tables tables) {
   const int64_t n = args.n;
   const int64_t k = args.k;
   if constexpr (kKind == Kind::kWeightGrad) {
-    // M = k (output rows), N = n, K = the segment: A = a^T (M contiguous), B = b (N contiguous).
-    // An empty segment gets no tiles (M = 0); zero_empty_experts writes its zeros.
-    tables.shapes[g] = {rows > 0 ? static_cast<int>(k) : 0, static_cast<int>(n), rows};
+    // M = k (output rows), N = n, K = the segment's routed rows: A = a^T (M contiguous), B = b
+    // (N contiguous). A segment without routed rows gets no tiles (M = 0); zero_empty_experts
+    // writes its zeros.
+    tables.shapes[g] = {used > 0 ? static_cast<int>(k) : 0, static_cast<int>(n), used};
     tables.a[g] = a + row0 * k;
     tables.b[g] = b + row0 * n;
     tables.d[g] = d + e * k * n;
     tables.stride_a[g] = leading_stride<StrideA>(k);
     tables.stride_b[g] = leading_stride<StrideB>(n);
   } else {
-    tables.shapes[g] = {rows, static_cast<int>(n), static_cast<int>(k)};
+    tables.shapes[g] = {used, static_cast<int>(n), static_cast<int>(k)};
     tables.a[g] = a + row0 * k;
     tables.b[g] = b + e * n * k;
     tables.d[g] = d + row0 * n;
@@ -132,12 +156,12 @@ __global__ void fill_tables_kernel(GroupedArgs args, Tables tables) {
   tables.stride_d[g] = leading_stride<StrideD>(n);
 }
 
-// Weight gradients of experts without rows are exactly zero (the GEMM gives them no tiles).
+// Weight gradients of experts without routed rows are exactly zero (the GEMM gives them no tiles).
 template <class ElementD>
-__global__ void zero_empty_experts_kernel(GroupedArgs args) {
+__global__ void zero_empty_experts_kernel(GroupedArgs args, const int32_t* used) {
   const int g = static_cast<int>(blockIdx.y);
+  if (used[g] != 0) return;
   const int e = g % args.experts;
-  if (args.rows[e] != 0) return;
   auto* d = static_cast<ElementD*>(args.sets[g / args.experts].d) + e * args.k * args.n;
   const int64_t count = args.k * args.n;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -146,35 +170,40 @@ __global__ void zero_empty_experts_kernel(GroupedArgs args) {
   }
 }
 
-// Zeroes D rows [sum(rows), total_rows) of every operand set, in 16-byte vectors. A template
-// (not `static`) so the kernel has one name in every translation unit, whatever the build path.
+// Zeroes the D rows no tile computes, in 16-byte vectors, for operand set blockIdx.y: each
+// segment's padding rows [row0 + used, row0 + rows) and, when total_rows > 0, the rows from the
+// last segment's end to total_rows. A template (not `static`) so the kernel has one name in every
+// translation unit, whatever the build path.
 template <int kUnused = 0>
-__global__ void zero_tail_kernel(GroupedArgs args, int64_t row_bytes) {
-  __shared__ int64_t used_rows;
-  if (threadIdx.x == 0) {
-    int64_t used = 0;
-    for (int e = 0; e < args.experts; ++e) used += args.rows[e];
-    used_rows = used;
-  }
-  __syncthreads();
-  const int64_t first = used_rows * row_bytes / 16;
-  const int64_t end = args.total_rows * row_bytes / 16;
+__global__ void zero_uncomputed_rows_kernel(GroupedArgs args, const int32_t* used,
+                                            int64_t row_bytes) {
   auto* d = static_cast<uint4*>(args.sets[blockIdx.y].d);
+  const int64_t vectors = row_bytes / 16;
+  const int64_t first = blockIdx.x * blockDim.x + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = first + blockIdx.x * blockDim.x + threadIdx.x; i < end; i += stride) {
-    d[i] = make_uint4(0, 0, 0, 0);
+  int64_t row0 = 0;
+  for (int e = 0; e <= args.experts; ++e) {
+    const bool tail = e == args.experts;  // the rows past every segment
+    const int64_t begin = tail ? row0 : row0 + used[e];
+    const int64_t end = tail ? (args.total_rows > row0 ? args.total_rows : row0) : row0 + args.rows[e];
+    for (int64_t i = begin * vectors + first; i < end * vectors; i += stride) {
+      d[i] = make_uint4(0, 0, 0, 0);
+    }
+    if (!tail) row0 += args.rows[e];
   }
 }
 
 template <Kind kKind, class Tables>
 cudaError_t fill_tables(const GroupedArgs& args, const Tables& tables, cudaStream_t stream) {
   const int groups = args.num_sets * args.experts;
-  fill_tables_kernel<kKind><<<1, kMaxGroups, 0, stream>>>(args, tables);
+  fill_tables_kernel<kKind><<<groups, kWarp, 0, stream>>>(args, tables);
   if constexpr (kKind == Kind::kWeightGrad) {
-    zero_empty_experts_kernel<typename Tables::ElementOut><<<dim3(64, groups), 256, 0, stream>>>(args);
-  } else if (args.total_rows > 0) {
+    zero_empty_experts_kernel<typename Tables::ElementOut>
+        <<<dim3(64, groups), 256, 0, stream>>>(args, tables.used);
+  } else if (args.row_source != nullptr || args.total_rows > 0) {
     const int64_t row_bytes = args.n * static_cast<int64_t>(sizeof(typename Tables::ElementOut));
-    zero_tail_kernel<><<<dim3(132, args.num_sets), 256, 0, stream>>>(args, row_bytes);
+    zero_uncomputed_rows_kernel<><<<dim3(132, args.num_sets), 256, 0, stream>>>(
+        args, tables.used, row_bytes);
   }
   return cudaGetLastError();
 }

@@ -2,8 +2,12 @@
 
 Every GEMM runs over the schedule's expert segments: `rows[e]` (the schedule's padded
 `tokens_per_expert`, on the device) consecutive routed rows per local expert, so no launch reads
-a size on the host. Two operand sets of one shape (gate and up) share a launch. Modules built for
-other architectures have no such kernels (`available()` is False): callers use torch there.
+a size on the host. Two operand sets of one shape (gate and up) share a launch. Given the
+schedule's `peer_rank` as `row_source`, a segment's trailing padding rows (-1) get no tiles: the
+linear kinds write them as zeros and the weight gradients leave them out, which changes no bit
+where those rows are zero (as the schedule's routed buffers are) and saves the ~6% of tiles a
+256-row padding costs at 2048 rows per expert. Modules built for other architectures have no
+such kernels (`available()` is False): callers use torch there.
 """
 
 from __future__ import annotations
@@ -52,9 +56,15 @@ def _address(t: torch.Tensor | None) -> int:
     return 0 if t is None else t.data_ptr()
 
 
-def _launch(kind: Kind, sets, rows: torch.Tensor, n: int, k: int, total_rows: int = 0) -> None:
-    """sets: one or two (a, b, c, d) tuples of contiguous 16-byte aligned tensors, c maybe None."""
+def _launch(
+    kind: Kind, sets, rows: torch.Tensor, n: int, k: int, total_rows: int = 0, row_source=None
+) -> None:
+    """sets: one or two (a, b, c, d) tuples of contiguous 16-byte aligned tensors, c maybe None;
+    row_source: None or int32 [R] (R = the first operand's rows) on the device."""
     device = rows.device
+    if row_source is not None:
+        check_tensor("row_source", row_source, dtype=torch.int32, shape=[sets[0][0].shape[0]],
+                     dims=["R"], device=device)  # fmt: skip
     experts = rows.shape[0]
     groups = len(sets) * experts
     nbytes = _scratch_bytes(device, kind, groups)
@@ -74,6 +84,7 @@ def _launch(kind: Kind, sets, rows: torch.Tensor, n: int, k: int, total_rows: in
         c2=_address(second[2]),
         d2=_address(second[3]),
         rows=rows.data_ptr(),
+        row_source=_address(row_source),
         experts=experts,
         n=n,
         k=k,
@@ -108,10 +119,12 @@ def _experts(rows: torch.Tensor, a: torch.Tensor, name: str = "a") -> int:
     return rows.shape[0]
 
 
-def linear(a: torch.Tensor, weights: list[torch.Tensor], rows: torch.Tensor) -> list[torch.Tensor]:
+def linear(
+    a: torch.Tensor, weights: list[torch.Tensor], rows: torch.Tensor, row_source=None
+) -> list[torch.Tensor]:
     """bf16 a [R, K] @ w[e]^T per segment for each w [E, N, K] (one launch) -> bf16 [R, N] each.
 
-    Rows past the last segment are zero.
+    Rows past the last segment are zero, and so are the padding rows `row_source` marks.
     """
     _check_sets("weights", weights)
     experts = _experts(rows, a)
@@ -122,40 +135,47 @@ def linear(a: torch.Tensor, weights: list[torch.Tensor], rows: torch.Tensor) -> 
     weights = [_bf16(w) for w in weights]
     outs = [a.new_empty((a.shape[0], w.shape[1])) for w in weights]
     sets = [(a, w, None, out) for w, out in zip(weights, outs, strict=True)]
-    _launch(Kind.LINEAR, sets, rows, weights[0].shape[1], a.shape[1], a.shape[0])
+    _launch(Kind.LINEAR, sets, rows, weights[0].shape[1], a.shape[1], a.shape[0], row_source)
     return outs
 
 
 def linear_transposed(
-    a: torch.Tensor, weight_t: torch.Tensor, rows: torch.Tensor, zero_rest: bool = True
+    a: torch.Tensor,
+    weight_t: torch.Tensor,
+    rows: torch.Tensor,
+    zero_rest: bool = True,
+    row_source=None,
 ) -> torch.Tensor:
     """a [R, K] @ w[e] per segment for w [E, K, N] -> fp32 [R, N]; rows past the segments are
-    zero, or unspecified when not `zero_rest` (for buffers only the segments of are read)."""
+    zero, or unspecified when not `zero_rest` (for buffers only the segments of are read); the
+    padding rows `row_source` marks are zero."""
     _shaped("weight_t", weight_t, [_experts(rows, a), a.shape[1], None], "E K N", a.device)
     a, weight_t = _bf16(a), _bf16(weight_t)
     out = a.new_empty((a.shape[0], weight_t.shape[2]), dtype=torch.float32)
     total_rows = a.shape[0] if zero_rest else 0
     _launch(Kind.LINEAR_TRANSPOSED, [(a, weight_t, None, out)], rows, out.shape[1], a.shape[1],
-            total_rows)  # fmt: skip
+            total_rows, row_source)  # fmt: skip
     return out
 
 
-def linear_sum(terms, rows: torch.Tensor) -> torch.Tensor:
+def linear_sum(terms, rows: torch.Tensor, row_source=None) -> torch.Tensor:
     """Sum of a @ w[e] over two (a [R, K], w [E, K, N]) terms in fp32 -> bf16 [R, N]."""
     (a1, w1), (a2, w2) = terms
-    partial = linear_transposed(a1, w1, rows, zero_rest=False)  # read within segments only
+    # Read within the segments only.
+    partial = linear_transposed(a1, w1, rows, zero_rest=False, row_source=row_source)
     _shaped("a2", a2, [a1.shape[0], None], "R K2", a1.device)
     _shaped("w2", w2, [rows.shape[0], a2.shape[1], partial.shape[1]], "E K2 N", a1.device)
     a2, w2 = _bf16(a2), _bf16(w2)
     out = a2.new_empty(partial.shape)
     _launch(Kind.LINEAR_ACCUMULATE, [(a2, w2, partial, out)], rows, out.shape[1], a2.shape[1],
-            a2.shape[0])  # fmt: skip
+            a2.shape[0], row_source)  # fmt: skip
     return out
 
 
-def weight_grads(pairs, rows: torch.Tensor) -> list[torch.Tensor]:
+def weight_grads(pairs, rows: torch.Tensor, row_source=None) -> list[torch.Tensor]:
     """d_out[seg]^T @ a[seg] per expert for each (d_out [R, N], a [R, K]) pair of one shape
-    (one launch) -> bf16 [E, N, K] each; experts without rows get exact zeros."""
+    (one launch) -> bf16 [E, N, K] each; experts without rows get exact zeros; the padding rows
+    `row_source` marks are left out of the sums."""
     _check_sets("pairs", pairs)
     first_d, first_a = pairs[0]
     _experts(rows, first_a, "pairs[0][1] (a)")
@@ -167,5 +187,5 @@ def weight_grads(pairs, rows: torch.Tensor) -> list[torch.Tensor]:
     n_out, k_in = pairs[0][0].shape[1], pairs[0][1].shape[1]
     outs = [pairs[0][0].new_empty((rows.shape[0], n_out, k_in)) for _ in pairs]
     sets = [(d_out, a, None, out) for (d_out, a), out in zip(pairs, outs, strict=True)]
-    _launch(Kind.WEIGHT_GRAD, sets, rows, k_in, n_out)
+    _launch(Kind.WEIGHT_GRAD, sets, rows, k_in, n_out, row_source=row_source)
     return outs

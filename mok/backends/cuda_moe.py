@@ -55,6 +55,9 @@ class HopperGemms(ExpertEngine):
     """Routed-expert GEMMs on mok's kernels (bf16 outputs, fp32 where the math keeps fp32)."""
 
     def __init__(self, schedule, num_experts: int):
+        # The GEMMs skip each segment's padding rows (peer_rank -1): every routed tensor holds
+        # zeros there, which the linear kinds write and the weight gradients would only add.
+        self.row_source = schedule[0]
         self.rows = schedule[3]
         self.num_tokens = schedule[2]
         self.num_experts = num_experts
@@ -62,20 +65,23 @@ class HopperGemms(ExpertEngine):
     def linear(self, a: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if _transposed_view(weight):  # the backward's W^T: N-contiguous weights, fp32 d_h
             # d_h is read by swiglu_backward for the used rows only: no zeroed tail needed.
-            return cuda_gemm.linear_transposed(a, weight.transpose(1, 2), self.rows, False)
-        return cuda_gemm.linear(a, [weight], self.rows)[0]
+            return cuda_gemm.linear_transposed(
+                a, weight.transpose(1, 2), self.rows, False, self.row_source
+            )
+        return cuda_gemm.linear(a, [weight], self.rows, self.row_source)[0]
 
     def linears(self, a: torch.Tensor, weights) -> list[torch.Tensor]:
-        return cuda_gemm.linear(a, list(weights), self.rows)
+        return cuda_gemm.linear(a, list(weights), self.rows, self.row_source)
 
     def linear_sum(self, terms) -> torch.Tensor:
-        return cuda_gemm.linear_sum([(a, w.transpose(1, 2)) for a, w in terms], self.rows)
+        terms = [(a, w.transpose(1, 2)) for a, w in terms]
+        return cuda_gemm.linear_sum(terms, self.rows, self.row_source)
 
     def weight_grad(self, d_out: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
-        return cuda_gemm.weight_grads([(d_out, a)], self.rows)[0]
+        return self.weight_grads([(d_out, a)])[0]
 
     def weight_grads(self, pairs) -> list[torch.Tensor]:
-        return cuda_gemm.weight_grads(list(pairs), self.rows)
+        return cuda_gemm.weight_grads(list(pairs), self.rows, self.row_source)
 
     def swiglu(self, gate: torch.Tensor, up: torch.Tensor, limit: float | None) -> torch.Tensor:
         return cuda_experts.swiglu(gate, up, self.num_tokens, limit)

@@ -168,14 +168,8 @@ def _compare(name, got, ref, mode):
     )
 
 
-@pytest.mark.parametrize("shared", [True, False], ids=["shared", "no-shared"])
-@pytest.mark.parametrize("mode", ["bf16", "mxfp8"])
-@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
-def test_matches_reference(nccl_group, monkeypatch, case, mode, shared):
-    data = _make(case, _seed())
-    if not shared:
-        data["shared"] = (None, None, None)
-    config, ws = _workspace(nccl_group, data)
+def _check_against_reference(group, monkeypatch, data, mode):
+    config, ws = _workspace(group, data)
     got, schedule = step(ws, config, data, mode)
     monkeypatch.setenv("MOK_BACKEND", "reference")
     ref, _ = step(ws, config, data, mode)
@@ -187,6 +181,35 @@ def test_matches_reference(nccl_group, monkeypatch, case, mode, shared):
     empty = schedule.tokens_per_expert == 0
     for name, grad in zip(("d_gate", "d_up", "d_down"), got[3:6], strict=True):
         assert not grad[empty].any(), f"{name}: experts without tokens must get exact zeros"
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "no-shared"])
+@pytest.mark.parametrize("mode", ["bf16", "mxfp8"])
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_matches_reference(nccl_group, monkeypatch, case, mode, shared):
+    data = _make(case, _seed())
+    if not shared:
+        data["shared"] = (None, None, None)
+    _check_against_reference(nccl_group, monkeypatch, data, mode)
+
+
+# The benchmark's sizes per rank (benchmarks/harness.py SHAPES: 4096 tokens, ~2048 rows per
+# expert), with or without the shared expert as there; CASES keeps the same H, I and top-k at
+# fewer tokens for the rest of the matrix.
+FULL_SIZE = {
+    "dsv4-pro": ((4096, 7168, 3072, 12, 6, "uniform"), True),
+    "qwen3-235b": ((4096, 4096, 1536, 16, 8, "uniform"), False),
+}
+
+
+@pytest.mark.parametrize("mode", ["bf16", "mxfp8"])
+@pytest.mark.parametrize("name", FULL_SIZE)
+def test_full_size_matches_reference(nccl_group, monkeypatch, name, mode):
+    case, shared = FULL_SIZE[name]
+    data = _make(case, _seed())
+    if not shared:
+        data["shared"] = (None, None, None)
+    _check_against_reference(nccl_group, monkeypatch, data, mode)
 
 
 @pytest.mark.parametrize("mode", ["bf16", "mxfp8"])

@@ -123,6 +123,58 @@ def test_weight_grads_and_empty_experts(case, seed):
             _close(out[e], ref)
 
 
+def _row_sources(case, gen):
+    """The schedule's row sources for `case`: each segment ends in a random run of padding rows
+    (-1; the whole segment for some), and one routed segment has a -1 row inside its routed rows.
+    Returns (row_source int32 [total], skipped bool [total]): the rows no tile may touch, i.e. each
+    segment's rows after its last routed one, at most the last 256 of them (the GEMM's rule)."""
+    rows, _, _ = case
+    total = sum(rows) + 256
+    source = torch.full((total,), -1, dtype=torch.int32)
+    skipped = torch.zeros(total, dtype=torch.bool)
+    for start, r in _segments(rows):
+        pad = int(torch.randint(0, min(r, 300) + 1, (1,), generator=gen, device="cuda"))
+        routed = r - pad
+        source[start : start + routed] = 0
+        if routed > 2:
+            source[start + routed // 2] = -1  # a hole: computed, it is not trailing padding
+        skipped[start + max(routed, r - 256) : start + r] = True
+    return source.cuda(), skipped.cuda()
+
+
+def _poison_rows(t, skipped):
+    """`t` with NaN in the skipped rows: a tile that reads one shows in every product."""
+    return torch.where(skipped[:, None], float("nan"), t.float()).to(t.dtype)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_padding_rows_get_no_tiles(case, seed):
+    """Given row sources, each segment's trailing padding rows are neither read nor computed:
+    NaN there stays out of every result, those rows of D come out zero, and a launch over zero
+    padding rows equals the one without row sources bit for bit."""
+    gen, counts, _, k, n = _setup(case, seed)
+    source, skipped = _row_sources(case, gen)
+    total, experts = source.shape[0], len(case[0])
+    keep = (~skipped)[:, None]
+    a = _randn(gen, total, k) * keep
+    w, w_t = _randn(gen, experts, n, k), _randn(gen, experts, k, n)
+    d_out = _randn(gen, total, n) * keep
+    full = {
+        "linear": cuda_gemm.linear(a, [w], counts)[0],
+        "sum": cuda_gemm.linear_sum([(a, w_t), (a, w_t)], counts),
+        "wgrad": cuda_gemm.weight_grads([(d_out, a)], counts)[0],
+    }
+    a_nan, d_nan = _poison_rows(a, skipped), _poison_rows(d_out, skipped)
+    skip = {
+        "linear": cuda_gemm.linear(a_nan, [w], counts, source)[0],
+        "sum": cuda_gemm.linear_sum([(a_nan, w_t), (a_nan, w_t)], counts, source),
+        "wgrad": cuda_gemm.weight_grads([(d_nan, a_nan)], counts, source)[0],
+    }
+    for name, got in skip.items():
+        assert torch.equal(got, full[name]), f"{name}: padding rows changed the result"
+    assert (skip["linear"][skipped] == 0).all() and (skip["sum"][skipped] == 0).all()
+
+
 def test_repeated_launches_are_bitwise_identical(seed):
     gen, counts, total, k, n = _setup(CASES[3], seed)
     a, w = _randn(gen, total, k), _randn(gen, len(CASES[3][0]), n, k)
