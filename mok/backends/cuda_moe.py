@@ -249,20 +249,6 @@ class CudaEngine:
             self._waiting.wait_stream(_comm_stream(self.ws.device))
             self._waiting = None
 
-    def behind_exchange(self, work, background: bool = False):
-        """work() (elementwise passes returning tensors) on the comm stream, behind the background
-        exchanges enqueued so far, so GEMMs enqueued next keep the SMs those leave free (torch's
-        carve-out holds them off the others until the join); in place without a background
-        exchange. Its results are marked in use by the current stream, so the caching allocator
-        keeps their memory until that stream's later work on them is done."""
-        if not (background and self.ctas and self._waiting is not None):
-            return work()
-        with torch.cuda.stream(_comm_stream(self.ws.device)):
-            results = work()
-        for tensor in results:
-            tensor.record_stream(self._waiting)
-        return results
-
     def pull(self, name: str, schedule, background: bool = False, *, sync=(True, True)):
         """`sync` = (barrier before, barrier after), as cuda_comm.pull_rows's flags."""
         source = getattr(self.ws, name)

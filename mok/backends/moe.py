@@ -10,7 +10,6 @@ products; CUDA: NVLink kernels and grouped GEMMs):
 | pull_router_weights(schedule, background, sync) | the fp32 router weight of each row         |
 | push_all(pushes, schedule, background)          | combine: rows into their sources' slots    |
 | join()                                          | later work waits for background exchanges  |
-| behind_exchange(work, background)               | work() queued behind a background exchange |
 | routed_gemms(schedule, E)                       | GEMM engine over the expert segments       |
 | shared_gemms(tokens)                            | GEMM engine for the shared expert          |
 | topk                                            | routes per token                           |
@@ -90,9 +89,9 @@ def forward(engine, x, shared, routed, schedule, limit, mxfp8: bool):
 def backward(engine, d_y, shared, routed, saved, shared_saved, x, schedule, limit, mxfp8: bool):
     """One backward pass; pushes d_x rows and router-weight gradients to the source ranks.
 
-    With a large shared expert, the pulls run in the background of its data gradients, and the
-    pushes, followed by the routed weight gradients' elementwise inputs (the scaled d_out rows),
-    in the background of its weight gradients. Returns (d_x_shared, d_x_routed,
+    With a large shared expert, the pulls run in the background of its data gradients and the
+    pushes in the background of its weight gradients and of the routed weight gradients'
+    elementwise inputs (the scaled d_out rows). Returns (d_x_shared, d_x_routed,
     d_gate_shared, d_gate_routed, d_up_shared, d_up_routed, d_hidden_shared, d_hidden_routed,
     d_w_shared_gate, d_w_routed_gate, d_w_shared_up, d_w_routed_up, d_w_shared_down,
     d_w_routed_down).
@@ -112,9 +111,7 @@ def backward(engine, d_y, shared, routed, saved, shared_saved, x, schedule, limi
     (d_x_r, d_rw, d_gate_r, d_up_r, d_hidden_r), routed_weight_grads = routed_out
     pushes = [(d_x_r, "d_x_routed_buffer"), (d_rw, "d_router_weight_buffer")]
     engine.push_all(pushes, schedule, background=overlap)
-    # Elementwise passes, queued behind a background push: the shared expert's weight-gradient
-    # GEMMs keep the SMs the push does not use.
-    engine.behind_exchange(routed_weight_grads.prepare, background=overlap)
+    routed_weight_grads.prepare()  # elementwise passes, beside a background push too
     d_wg_s, d_wu_s, d_wd_s = shared_weight_grads()
     engine.join()
     d_w_gate, d_w_up, d_w_down = routed_weight_grads()

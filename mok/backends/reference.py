@@ -167,10 +167,6 @@ class ReferenceEngine:
         return None
 
     @staticmethod
-    def behind_exchange(work, background: bool = False):
-        return work()
-
-    @staticmethod
     def routed_gemms(schedule, num_experts: int) -> experts.MaskedGemms:
         rows = schedule[0].shape[0]
         return experts.MaskedGemms(experts.row_experts(schedule[3], schedule[2], rows), num_experts)

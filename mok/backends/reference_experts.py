@@ -262,10 +262,9 @@ class WeightGrads:
         self.x, self.hidden = x, hidden
         self._inputs = None
 
-    def prepare(self) -> tuple[torch.Tensor, ...]:
-        """The three GEMMs' first operands (computed once)."""
+    def prepare(self) -> None:
         if self._inputs is not None:
-            return self._inputs
+            return
         d_gate, d_up, d_out = self.grads
         rw = self.rw  # None: unit weights (the shared expert), d_out as it is
         d_y = d_out.to(torch.bfloat16) if rw is None else self.gemm.scale_rows(d_out, rw)
@@ -273,10 +272,10 @@ class WeightGrads:
         if self.mx:
             inputs = tuple(mx_round_rows(t, self.gemm) for t in inputs)
         self._inputs = inputs
-        return inputs
 
     def __call__(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        d_gate, d_up, d_y = self.prepare()
+        self.prepare()
+        d_gate, d_up, d_y = self._inputs
         d_w_gate, d_w_up = self.gemm.weight_grads(((d_gate, self.x), (d_up, self.x)))
         d_w_down = self.gemm.weight_grad(d_y, self.hidden)
         return tuple(t.to(torch.bfloat16) for t in (d_w_gate, d_w_up, d_w_down))

@@ -50,10 +50,6 @@ class RecordingEngine:
         self.log.append(("join", False))
         self.pending = False
 
-    def behind_exchange(self, work, background=False):
-        self.log.append(("behind exchange", background))
-        return work()
-
     def routed_gemms(self, schedule, num_experts):
         assert not self.pending, "routed GEMMs enqueued before the background exchange joined"
         row_expert = experts.row_experts(schedule[3], schedule[2], ROWS)
@@ -114,9 +110,7 @@ def _run_step(shared_inter: int | None) -> RecordingEngine:
 
 def test_backward_exchanges_overlap_a_large_shared_expert_only():
     large = moe.MIN_SHARED_INTER_PER_TOPK  # at top-1: the smallest shared expert that overlaps
-    exchanges = [
-        (kind, bg) for kind, bg in _run_step(large).log if not kind.startswith(("routed", "behind"))
-    ]
+    exchanges = [(kind, bg) for kind, bg in _run_step(large).log if not kind.startswith("routed")]
     backgrounds = [kind for kind, bg in exchanges if bg]
     assert backgrounds == [  # the backward's exchanges; the forward gained nothing (moe.py)
         "pull d_y_buffer",
@@ -128,14 +122,13 @@ def test_backward_exchanges_overlap_a_large_shared_expert_only():
         assert not any(bg for _, bg in _run_step(small).log)
 
 
-def test_routed_wgrad_inputs_are_prepared_behind_the_push():
-    """The scaled d_out rows are computed behind the background push (queued on its stream
-    before the join), the routed weight-gradient GEMMs only after it joined."""
+def test_routed_wgrad_inputs_are_prepared_beside_the_push():
+    """The scaled d_out rows are computed while the background push runs (the comm stream's
+    fork is pending), the routed weight-gradient GEMMs only after it joined."""
     log = _run_step(moe.MIN_SHARED_INTER_PER_TOPK).log
     kinds = [kind for kind, _ in log]
     scale = kinds.index("routed scale_rows")
     assert log[scale] == ("routed scale_rows", True)
-    assert log[scale - 1] == ("behind exchange", True)
     assert kinds.index("push d_x_routed_buffer") < scale < kinds.index("routed weight_grads")
     assert "join" in kinds[scale : kinds.index("routed weight_grads")]
 
