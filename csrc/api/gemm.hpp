@@ -72,8 +72,8 @@ inline int64_t grouped_gemm_scratch_bytes(int kind, int groups, int sm_count) {
 
 inline void grouped_gemm(int kind, uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t d,
                          uintptr_t a2, uintptr_t b2, uintptr_t c2, uintptr_t d2, uintptr_t rows,
-                         uintptr_t row_source, int experts, int64_t n, int64_t k, int64_t total_rows, int sm_count,
-                         uintptr_t scratch,
+                         uintptr_t row_source, int experts, int64_t n, int64_t k,
+                         int64_t total_rows, int sm_count, uintptr_t scratch,
                          int64_t scratch_bytes, uintptr_t stream) {
   namespace check = gemm_checks;
   require_grouped_gemm();
@@ -124,8 +124,9 @@ inline void bind_gemm(pybind11::module_& m) {
         "Device scratch bytes one grouped_gemm launch of `groups` groups needs.");
   m.def("grouped_gemm", &grouped_gemm, py::arg("kind"), py::arg("a"), py::arg("b"), py::arg("c"),
         py::arg("d"), py::arg("a2"), py::arg("b2"), py::arg("c2"), py::arg("d2"), py::arg("rows"),
-        py::arg("row_source"), py::arg("experts"), py::arg("n"), py::arg("k"), py::arg("total_rows"), py::arg("sm_count"), py::arg("scratch"),
-        py::arg("scratch_bytes"), py::arg("stream"),
+        py::arg("row_source"), py::arg("experts"), py::arg("n"), py::arg("k"),
+        py::arg("total_rows"), py::arg("sm_count"), py::arg("scratch"), py::arg("scratch_bytes"),
+        py::arg("stream"),
         R"doc(Grouped GEMM over the schedule's expert segments on `stream` (asynchronous).
 
 `rows` int32 [experts]: padded rows per expert (device). Segment e starts at sum(rows[:e]).

@@ -185,7 +185,8 @@ __global__ void zero_uncomputed_rows_kernel(GroupedArgs args, const int32_t* use
   for (int e = 0; e <= args.experts; ++e) {
     const bool tail = e == args.experts;  // the rows past every segment
     const int64_t begin = tail ? row0 : row0 + used[e];
-    const int64_t end = tail ? (args.total_rows > row0 ? args.total_rows : row0) : row0 + args.rows[e];
+    const int64_t tail_end = args.total_rows > row0 ? args.total_rows : row0;
+    const int64_t end = tail ? tail_end : row0 + args.rows[e];
     for (int64_t i = begin * vectors + first; i < end * vectors; i += stride) {
       d[i] = make_uint4(0, 0, 0, 0);
     }
