@@ -5,8 +5,8 @@ Every GEMM runs over the schedule's expert segments: `rows[e]` (the schedule's p
 a size on the host. Two operand sets of one shape (gate and up) share a launch. Given the
 schedule's `peer_rank` as `row_source`, a segment's trailing padding rows (-1) get no tiles: the
 linear kinds write them as zeros and the weight gradients leave them out, which changes no bit
-where those rows are zero (as the schedule's routed buffers are) and saves the ~6% of tiles a
-256-row padding costs at 2048 rows per expert. Modules built for other architectures have no
+where those rows are zero (as the schedule's routed buffers are); at ~2048 rows per expert the
+256-row padding is ~6% of the rows. Modules built for other architectures have no
 such kernels (`available()` is False): callers use torch there.
 """
 
@@ -159,7 +159,8 @@ def linear_transposed(
 
 
 def linear_sum(terms, rows: torch.Tensor, row_source=None) -> torch.Tensor:
-    """Sum of a @ w[e] over two (a [R, K], w [E, K, N]) terms in fp32 -> bf16 [R, N]."""
+    """Sum of a @ w[e] over two (a [R, K], w [E, K, N]) terms in fp32 -> bf16 [R, N]; rows past
+    the segments and the padding rows `row_source` marks are zero."""
     (a1, w1), (a2, w2) = terms
     # Read within the segments only.
     partial = linear_transposed(a1, w1, rows, zero_rest=False, row_source=row_source)

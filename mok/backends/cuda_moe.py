@@ -56,7 +56,8 @@ class HopperGemms(ExpertEngine):
 
     def __init__(self, schedule, num_experts: int):
         # The GEMMs skip each segment's padding rows (peer_rank -1): every routed tensor holds
-        # zeros there, which the linear kinds write and the weight gradients would only add.
+        # zeros there, so the linear kinds write those zeros themselves and the weight gradients
+        # lose nothing by leaving the rows out.
         self.row_source = schedule[0]
         self.rows = schedule[3]
         self.num_tokens = schedule[2]

@@ -168,7 +168,10 @@ def _compare(name, got, ref, mode):
     )
 
 
-def _check_against_reference(group, monkeypatch, data, mode):
+def _check_against_reference(group, monkeypatch, case, mode, shared):
+    data = _make(case, _seed())
+    if not shared:
+        data["shared"] = (None, None, None)
     config, ws = _workspace(group, data)
     got, schedule = step(ws, config, data, mode)
     monkeypatch.setenv("MOK_BACKEND", "reference")
@@ -187,10 +190,7 @@ def _check_against_reference(group, monkeypatch, data, mode):
 @pytest.mark.parametrize("mode", ["bf16", "mxfp8"])
 @pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
 def test_matches_reference(nccl_group, monkeypatch, case, mode, shared):
-    data = _make(case, _seed())
-    if not shared:
-        data["shared"] = (None, None, None)
-    _check_against_reference(nccl_group, monkeypatch, data, mode)
+    _check_against_reference(nccl_group, monkeypatch, case, mode, shared)
 
 
 # The benchmark's sizes per rank (benchmarks/harness.py SHAPES: 4096 tokens, ~2048 rows per
@@ -206,10 +206,7 @@ FULL_SIZE = {
 @pytest.mark.parametrize("name", FULL_SIZE)
 def test_full_size_matches_reference(nccl_group, monkeypatch, name, mode):
     case, shared = FULL_SIZE[name]
-    data = _make(case, _seed())
-    if not shared:
-        data["shared"] = (None, None, None)
-    _check_against_reference(nccl_group, monkeypatch, data, mode)
+    _check_against_reference(nccl_group, monkeypatch, case, mode, shared)
 
 
 @pytest.mark.parametrize("mode", ["bf16", "mxfp8"])
