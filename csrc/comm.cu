@@ -84,26 +84,20 @@ __device__ __forceinline__ bool schedule_entry(const ScheduleView& s, int64_t ro
   return *index < limit;
 }
 
-template <typename V, bool kScaled>
+template <typename V>
 __global__ void __launch_bounds__(kCopyThreads) pull_kernel(PullArgs a, int lane_shift) {
   const Team team = grid_team(lane_shift);
   const int64_t vecs = a.row_bytes / static_cast<int64_t>(sizeof(V));
   const int64_t live = live_rows(a.schedule);
   for (int64_t row = team.index; row < a.schedule.rows; row += team.count) {
     V* dst = reinterpret_cast<V*>(static_cast<uint8_t*>(a.out) + row * a.row_bytes);
-    V* scaled = kScaled ? reinterpret_cast<V*>(static_cast<uint8_t*>(a.scaled_out) +
-                                               row * a.row_bytes)
-                        : nullptr;
     int rank;
     int64_t index;
     if (schedule_entry(a.schedule, row, live, a.ep, a.divisor, a.src_rows, &rank, &index)) {
       const uint8_t* src = reinterpret_cast<const uint8_t*>(a.src_table[rank]);
-      const float scale = kScaled ? a.row_scale[row] : 1.0f;
-      copy_row<V, kScaled>(dst, reinterpret_cast<const V*>(src + index * a.row_bytes), vecs, team,
-                           scaled, scale);
+      copy_row(dst, reinterpret_cast<const V*>(src + index * a.row_bytes), vecs, team);
     } else {
       zero_row(dst, vecs, team);
-      if (kScaled) zero_row(scaled, vecs, team);
     }
   }
 }
@@ -144,11 +138,7 @@ inline int lane_shift_for(int64_t vecs) {
 
 template <typename V>
 void launch_typed(const PullArgs& a, dim3 grid, int shift, cudaStream_t stream) {
-  if (a.scaled_out != nullptr) {
-    pull_kernel<V, true><<<grid, kCopyThreads, 0, stream>>>(a, shift);
-  } else {
-    pull_kernel<V, false><<<grid, kCopyThreads, 0, stream>>>(a, shift);
-  }
+  pull_kernel<V><<<grid, kCopyThreads, 0, stream>>>(a, shift);
 }
 
 template <typename V>
@@ -197,10 +187,7 @@ cudaError_t launch_all_gather(const AllGatherArgs& args, cudaStream_t stream) {
 }
 
 cudaError_t launch_pull(const PullArgs& args, cudaStream_t stream) {
-  // OR-ing the addresses keeps only the alignment both local buffers share.
-  const auto local = reinterpret_cast<uintptr_t>(args.out) |
-                     reinterpret_cast<uintptr_t>(args.scaled_out);
-  return detail::launch_rows(args, reinterpret_cast<const void*>(local), stream);
+  return detail::launch_rows(args, args.out, stream);
 }
 
 cudaError_t launch_push(const PushArgs& args, cudaStream_t stream) {

@@ -44,13 +44,10 @@ struct ScheduleView {
 };
 
 // out[i] = rank peer_rank[i]'s source row peer_token_idx[i] / divisor; zero on padding rows.
-// With scaled_out, also scaled_out[i] = bf16(row_scale[i] * out[i]) for bf16 rows.
 struct PullArgs {
   ScheduleView schedule;
   const uint64_t* src_table = nullptr;  // [ep] every rank's source buffer [src_rows, row_bytes]
   void* out = nullptr;                  // local [schedule.rows, row_bytes]
-  void* scaled_out = nullptr;           // local [schedule.rows, row_bytes] or null
-  const float* row_scale = nullptr;     // [schedule.rows] fp32, with scaled_out
   int64_t row_bytes = 0;                // a multiple of 4
   int64_t src_rows = 0;
   int divisor = 1;

@@ -107,14 +107,3 @@ def check_type(name: str, value: object, expected: type) -> None:
     """TypeError naming the argument unless `value` is an `expected` (e.g. a MoKConfig)."""
     if not isinstance(value, expected):
         raise TypeError(f"`{name}` must be a {expected.__name__}, got {describe(value)}")
-
-
-def check_dtype_device(name: str, tensor: object, dtype: torch.dtype, device) -> None:
-    """TypeError unless `tensor` is a tensor of `dtype`, ValueError unless it is on `device` (for
-    kernel wrappers that check shapes themselves)."""
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"`{name}` must be a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.dtype != dtype:
-        raise TypeError(f"`{name}` must be {dtype}, got {tensor.dtype}")
-    if tensor.device != device:
-        raise ValueError(f"`{name}` must be on {device}, got {tensor.device}")

@@ -105,17 +105,11 @@ inline void comm_all_gather(uintptr_t src, uintptr_t dst_table, int64_t bytes, i
 inline void comm_pull_rows(uintptr_t src_table, uintptr_t out, uintptr_t peer_rank,
                            uintptr_t peer_token_idx, uintptr_t num_tokens, int64_t rows,
                            int64_t row_bytes, int64_t src_rows, int divisor, int ep, int ctas,
-                           uintptr_t stream, uintptr_t scaled_out, uintptr_t row_scale) {
+                           uintptr_t stream) {
   namespace c = comm_checks;
   c::group_size(ep);
   c::address("src_table", src_table, 8);
   c::address("out", out, 4);
-  c::require((scaled_out == 0) == (row_scale == 0),
-             "`scaled_out` and `row_scale` go together: pass both or neither");
-  if (scaled_out != 0) {
-    c::address("scaled_out", scaled_out, 4);
-    c::address("row_scale", row_scale, 4);
-  }
   c::row_bytes(row_bytes);
   c::at_least("src_rows", src_rows, 0);
   c::at_least("divisor", divisor, 1);
@@ -124,8 +118,6 @@ inline void comm_pull_rows(uintptr_t src_table, uintptr_t out, uintptr_t peer_ra
   a.schedule = c::schedule(peer_rank, peer_token_idx, num_tokens, rows);
   a.src_table = reinterpret_cast<const uint64_t*>(src_table);
   a.out = reinterpret_cast<void*>(out);
-  a.scaled_out = reinterpret_cast<void*>(scaled_out);
-  a.row_scale = reinterpret_cast<const float*>(row_scale);
   a.row_bytes = row_bytes;
   a.src_rows = src_rows;
   a.divisor = divisor;
@@ -194,10 +186,9 @@ inline void bind_comm(pybind11::module_& m) {
   m.def("comm_pull_rows", &comm_pull_rows, py::arg("src_table"), py::arg("out"),
         py::arg("peer_rank"), py::arg("peer_token_idx"), py::arg("num_tokens"), py::arg("rows"),
         py::arg("row_bytes"), py::arg("src_rows"), py::arg("divisor"), py::arg("ep"),
-        py::arg("ctas"), py::arg("stream"), py::arg("scaled_out") = 0, py::arg("row_scale") = 0,
+        py::arg("ctas"), py::arg("stream"),
         "out[i] = rank peer_rank[i]'s source row peer_token_idx[i] // divisor; zero on padding "
-        "rows and rows >= num_tokens (no barrier). With scaled_out (bf16 rows) also "
-        "scaled_out[i] = bf16(row_scale[i] * out[i]), from the same read.");
+        "rows and rows >= num_tokens (no barrier).");
   m.def("comm_push_rows", &comm_push_rows, py::arg("rows_data"), py::arg("dst_table"),
         py::arg("peer_rank"), py::arg("peer_token_idx"), py::arg("num_tokens"), py::arg("rows"),
         py::arg("row_bytes"), py::arg("dst_rows"), py::arg("ep"), py::arg("ctas"),

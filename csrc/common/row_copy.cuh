@@ -8,10 +8,7 @@
 // peer<-local (push): a peer address from symmetric memory is an ordinary global pointer.
 #pragma once
 
-#include <cuda_bf16.h>
-
 #include <cstdint>
-#include <cstring>
 
 namespace mok::comm {
 
@@ -37,31 +34,9 @@ __device__ __forceinline__ Team grid_team(int lane_shift) {
   return team;
 }
 
-// bf16(scale * v) for each bf16 of the 4-byte word (each product rounded once, to nearest
-// even, as mok::experts' scale_rows rounds it).
-__device__ __forceinline__ uint32_t scale_bf16_pair(uint32_t word, float scale) {
-  __nv_bfloat162 pair;
-  memcpy(&pair, &word, sizeof(word));
-  pair = __floats2bfloat162_rn(__fmul_rn(scale, __low2float(pair)),
-                               __fmul_rn(scale, __high2float(pair)));
-  memcpy(&word, &pair, sizeof(word));
-  return word;
-}
-
-__device__ __forceinline__ uint32_t scale_bf16(uint32_t v, float s) { return scale_bf16_pair(v, s); }
-__device__ __forceinline__ uint2 scale_bf16(uint2 v, float s) {
-  return make_uint2(scale_bf16_pair(v.x, s), scale_bf16_pair(v.y, s));
-}
-__device__ __forceinline__ uint4 scale_bf16(uint4 v, float s) {
-  return make_uint4(scale_bf16_pair(v.x, s), scale_bf16_pair(v.y, s), scale_bf16_pair(v.z, s),
-                    scale_bf16_pair(v.w, s));
-}
-
-// dst[i] = src[i] for i < vecs, split over the team's lanes. With kScaled the row is bf16 and
-// also goes to scaled_dst multiplied by `scale`: one read of the (remote) source for both.
-template <typename V, bool kScaled = false>
-__device__ __forceinline__ void copy_row(V* dst, const V* src, int64_t vecs, const Team& team,
-                                         V* scaled_dst = nullptr, float scale = 1.0f) {
+// dst[i] = src[i] for i < vecs, split over the team's lanes.
+template <typename V>
+__device__ __forceinline__ void copy_row(V* dst, const V* src, int64_t vecs, const Team& team) {
   const int64_t step = team.lanes;
   int64_t i = team.lane;
   for (; i + (kCopyUnroll - 1) * step < vecs; i += kCopyUnroll * step) {
@@ -70,16 +45,8 @@ __device__ __forceinline__ void copy_row(V* dst, const V* src, int64_t vecs, con
     for (int u = 0; u < kCopyUnroll; ++u) v[u] = src[i + u * step];
 #pragma unroll
     for (int u = 0; u < kCopyUnroll; ++u) dst[i + u * step] = v[u];
-    if constexpr (kScaled) {
-#pragma unroll
-      for (int u = 0; u < kCopyUnroll; ++u) scaled_dst[i + u * step] = scale_bf16(v[u], scale);
-    }
   }
-  for (; i < vecs; i += step) {
-    const V v = src[i];
-    dst[i] = v;
-    if constexpr (kScaled) scaled_dst[i] = scale_bf16(v, scale);
-  }
+  for (; i < vecs; i += step) dst[i] = src[i];
 }
 
 // dst[i] = 0 for i < vecs, split over the team's lanes.

@@ -1,6 +1,5 @@
-"""NVLink communication on CUDA: barrier, routing all-gather, dispatch pull and combine push (the
-combine epilogues: mok.backends.cuda_epilogue). Same semantics as mok.backends.reference, bit for
-bit.
+"""NVLink communication on CUDA: barrier, routing all-gather, dispatch pull, combine push, and the
+combine epilogues. Same semantics as mok.backends.reference, bit for bit.
 
 Data moves through the peer pointers of the workspace's symmetric buffers
 (`MoKWorkspace.peer_ptr_tables`); no multicast, no host sync, no allocation but the outputs, so
@@ -37,7 +36,6 @@ import os
 import torch
 
 from mok import _extension
-from mok._checks import check_dtype_device
 from mok.workspace import MoKWorkspace
 
 _DEFAULT_TIMEOUT_S = 5.0
@@ -69,6 +67,15 @@ def _default_ctas(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def _check(name: str, tensor: torch.Tensor, dtype: torch.dtype, device: torch.device) -> None:
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"`{name}` must be a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dtype != dtype:
+        raise TypeError(f"`{name}` must be {dtype}, got {tensor.dtype}")
+    if tensor.device != device:
+        raise ValueError(f"`{name}` must be on {device}, got {tensor.device}")
+
+
 def _schedule_rows(ws: MoKWorkspace, schedule) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(peer_rank, peer_token_idx, num_tokens) of a MoKSchedule or its 4-tuple, checked."""
     parts = schedule.as_tuple() if hasattr(schedule, "as_tuple") else tuple(schedule)
@@ -76,10 +83,10 @@ def _schedule_rows(ws: MoKWorkspace, schedule) -> tuple[torch.Tensor, torch.Tens
         raise TypeError("`schedule` must be a MoKSchedule or its 4-tuple of tensors")
     peer_rank, peer_token_idx, num_tokens, _ = parts
     for name, t in (("peer_rank", peer_rank), ("peer_token_idx", peer_token_idx)):
-        check_dtype_device(name, t, torch.int32, ws.device)
+        _check(name, t, torch.int32, ws.device)
         if t.dim() != 1 or not t.is_contiguous():
             raise ValueError(f"`{name}` must be a contiguous int32 [C], got shape {list(t.shape)}")
-    check_dtype_device("num_tokens", num_tokens, torch.int32, ws.device)
+    _check("num_tokens", num_tokens, torch.int32, ws.device)
     if peer_token_idx.shape != peer_rank.shape or num_tokens.shape != (1,):
         raise ValueError(
             "schedule shapes must be peer_rank [C], peer_token_idx [C], num_tokens [1]; got "
@@ -132,7 +139,7 @@ def all_gather_top_experts(
     `sync_before=False` skips the barrier that keeps this rank from overwriting a peer's buffer
     while the peer still reads the previous all-gather.
     """
-    check_dtype_device("top_experts", top_experts, torch.int32, ws.device)
+    _check("top_experts", top_experts, torch.int32, ws.device)
     shape = (ws.num_local_tokens, ws.topk)
     if tuple(top_experts.shape) != shape:
         raise ValueError(
@@ -154,28 +161,17 @@ def all_gather_top_experts(
     return ws.all_gather_top_experts_buffer
 
 
-def _pull_output(label, out, source, name, rows: int, device) -> torch.Tensor:
-    """`out` checked (or allocated): one contiguous row of `source`'s dtype per schedule row."""
+def _pull(ws, name, source, schedule, out, divisor, sync_before, sync_after, num_ctas):
+    peer_rank, peer_token_idx, num_tokens = _schedule_rows(ws, schedule)
     row_shape = tuple(source.shape[1:])
     if out is None:
-        return torch.empty((rows, *row_shape), dtype=source.dtype, device=device)
-    check_dtype_device(label, out, source.dtype, device)
-    if tuple(out.shape) != (rows, *row_shape) or not out.is_contiguous():
+        out = torch.empty((peer_rank.shape[0], *row_shape), dtype=source.dtype, device=ws.device)
+    _check("out", out, source.dtype, ws.device)
+    if tuple(out.shape) != (peer_rank.shape[0], *row_shape) or not out.is_contiguous():
         raise ValueError(
-            f"`{label}` must be a contiguous {source.dtype} {[rows, *row_shape]} "
+            f"`out` must be a contiguous {source.dtype} {[peer_rank.shape[0], *row_shape]} "
             f"(one row per schedule row of `{name}`), got {list(out.shape)}"
         )
-    return out
-
-
-def _pull(ws, name, source, schedule, out, divisor, sync_before, sync_after, num_ctas, scaled=()):
-    """`scaled` = (row_scale, scaled_out), checked by the caller, asks for the scaled copy too."""
-    peer_rank, peer_token_idx, num_tokens = _schedule_rows(ws, schedule)
-    rows = peer_rank.shape[0]
-    out = _pull_output("out", out, source, name, rows, ws.device)
-    scaled_ptrs = {}
-    if scaled:
-        scaled_ptrs = {"row_scale": scaled[0].data_ptr(), "scaled_out": scaled[1].data_ptr()}
     if sync_before:
         barrier(ws)
     _run(
@@ -192,7 +188,6 @@ def _pull(ws, name, source, schedule, out, divisor, sync_before, sync_after, num
         divisor=divisor,
         ep=ws.ep_size,
         ctas=num_ctas or _default_ctas(ws.device),
-        **scaled_ptrs,
     )
     if sync_after:
         barrier(ws)
@@ -225,42 +220,6 @@ def pull_rows(
     return _pull(
         ws, source_buffer_name, source, schedule, out, ws.topk, sync_before, sync_after, num_ctas
     )
-
-
-def pull_rows_scaled(
-    ws: MoKWorkspace,
-    source_buffer_name: str,
-    schedule,
-    row_scale: torch.Tensor,
-    out: torch.Tensor | None = None,
-    scaled_out: torch.Tensor | None = None,
-    *,
-    sync_before: bool = True,
-    sync_after: bool = True,
-    num_ctas: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """`pull_rows`, and from the same read scaled_out[i] = bf16(row_scale[i] * out[i]) (fp32
-    product, rounded once): the backward's d_out rows and the router-weighted rows its down
-    weight gradient reads, without a second pass over them. Returns (out, scaled_out).
-
-    | argument   | dtype | shape                               |
-    |------------|-------|-------------------------------------|
-    | row_scale  | fp32  | [C] (one weight per schedule row)   |
-    | scaled_out | bf16  | [C, H], allocated when None         |
-    """
-    source = _buffer(ws, source_buffer_name, _PULL_SOURCES)
-    rows = _schedule_rows(ws, schedule)[0].shape[0]
-    scaled_out = _pull_output("scaled_out", scaled_out, source, source_buffer_name, rows, ws.device)
-    check_dtype_device("row_scale", row_scale, torch.float32, ws.device)
-    if tuple(row_scale.shape) != (rows,) or not row_scale.is_contiguous():
-        raise ValueError(
-            f"`row_scale` must be a contiguous fp32 [{rows}], got {list(row_scale.shape)}"
-        )
-    out = _pull(
-        ws, source_buffer_name, source, schedule, out, ws.topk, sync_before, sync_after, num_ctas,
-        scaled=(row_scale, scaled_out),
-    )  # fmt: skip
-    return out, scaled_out
 
 
 def pull_router_weights(
@@ -308,7 +267,7 @@ def push_rows(
         raise ValueError("`zero_fill=True` needs `sync_before=True`: the zeros must land first")
     dest = _buffer(ws, dest_buffer_name, _PUSH_DESTINATIONS)
     peer_rank, peer_token_idx, num_tokens = _schedule_rows(ws, schedule)
-    check_dtype_device("rows", rows, dest.dtype, ws.device)
+    _check("rows", rows, dest.dtype, ws.device)
     slots = ws.num_local_tokens * ws.topk
     row_elems = dest.numel() // slots
     expected = (peer_rank.shape[0], *([row_elems] if rows.dim() == 2 else []))
@@ -339,3 +298,72 @@ def push_rows(
     )
     if sync_after:
         barrier(ws)
+
+
+def _epilogue(shared, routed, weights, topk: int) -> torch.Tensor:
+    _check("routed", routed, torch.bfloat16, routed.device)
+    if routed.dim() != 2 or routed.shape[0] % topk or routed.shape[1] % 8:
+        raise ValueError(
+            f"the routed buffer must be bf16 [T * {topk}, H] with H a multiple of 8, "
+            f"got {list(routed.shape)}"
+        )
+    tokens, hidden = routed.shape[0] // topk, routed.shape[1]
+    if shared is not None:
+        _check("shared", shared, torch.bfloat16, routed.device)
+        if tuple(shared.shape) != (tokens, hidden):
+            raise ValueError(
+                f"the shared output must be bf16 {[tokens, hidden]}, got {list(shared.shape)}"
+            )
+    if weights is not None:
+        _check("topk_weights", weights, torch.float32, routed.device)
+        if tuple(weights.shape) != (tokens, topk):
+            raise ValueError(
+                f"`topk_weights` must be fp32 {[tokens, topk]}, got {list(weights.shape)}"
+            )
+    out = torch.empty((tokens, hidden), dtype=torch.bfloat16, device=routed.device)
+    if out.numel() == 0:
+        return out
+    # Hold the (possibly copied) inputs until the launch is enqueued.
+    shared = None if shared is None else _extension.aligned(shared)
+    weights = None if weights is None else weights.contiguous()
+    routed = _extension.aligned(routed)
+    _extension.launch(
+        routed.device,
+        "comm_epilogue",
+        shared=0 if shared is None else shared.data_ptr(),
+        routed=routed.data_ptr(),
+        weights=0 if weights is None else weights.data_ptr(),
+        out=out.data_ptr(),
+        tokens=tokens,
+        hidden=hidden,
+        topk=topk,
+    )
+    return out
+
+
+def fwd_epilogue(
+    y_shared: torch.Tensor | None, combine_buffer: torch.Tensor, topk_weights: torch.Tensor
+) -> torch.Tensor:
+    """out[t] = bf16(y_shared[t] + sum_j w[t, j] * combine_buffer[t * k + j]), fp32, j in order
+    (bit for bit `mok.ops.fwd_epilogue`'s reference arithmetic).
+
+    | argument       | dtype | shape          |
+    |----------------|-------|----------------|
+    | y_shared       | bf16  | [T, H] or None |
+    | combine_buffer | bf16  | [T * k, H]     |
+    | topk_weights   | fp32  | [T, k]         |
+    | output         | bf16  | [T, H]         |
+    """
+    if topk_weights.dim() != 2:
+        raise ValueError(f"`topk_weights` must be fp32 [T, k], got {list(topk_weights.shape)}")
+    return _epilogue(y_shared, combine_buffer, topk_weights, topk_weights.shape[1])
+
+
+def bwd_epilogue(
+    d_x_shared: torch.Tensor | None, d_x_routed_buffer: torch.Tensor, topk: int
+) -> torch.Tensor:
+    """d_x[t] = bf16(d_x_shared[t] + sum_j d_x_routed_buffer[t * k + j]), fp32, j in order
+    (bit for bit `mok.ops.bwd_epilogue`'s reference arithmetic). Shapes as `fwd_epilogue`."""
+    if not isinstance(topk, int) or topk < 1:
+        raise ValueError(f"`topk` must be a positive int, got {topk!r}")
+    return _epilogue(d_x_shared, d_x_routed_buffer, None, topk)

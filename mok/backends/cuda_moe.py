@@ -260,17 +260,6 @@ class CudaEngine:
                 self.ws, name, schedule, out, sync_before=before, sync_after=after, num_ctas=ctas
             )
 
-    def pull_scaled(
-        self, name: str, schedule, scale, background: bool = False, *, sync=(True, True)
-    ):
-        """(rows, bf16(scale * rows)) from one pull; `sync` as in `pull`."""
-        before, after = sync
-        with self._exchange(background) as ctas:
-            return cuda_comm.pull_rows_scaled(
-                self.ws, name, schedule, scale, sync_before=before, sync_after=after,
-                num_ctas=ctas,
-            )  # fmt: skip
-
     def pull_router_weights(self, schedule, background: bool = False, *, sync=(True, True)):
         out = self.ws.router_weight_buffer.new_empty(schedule[0].shape[0])
         before, after = sync

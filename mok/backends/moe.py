@@ -7,7 +7,6 @@ products; CUDA: NVLink kernels and grouped GEMMs):
 | engine method                                   | does                                       |
 |-------------------------------------------------|--------------------------------------------|
 | pull(name, schedule, background, sync)          | dispatch: one row per schedule row         |
-| pull_scaled(name, schedule, scale, bg, sync)    | pull, and each row times its scale (bf16)  |
 | pull_router_weights(schedule, background, sync) | the fp32 router weight of each row         |
 | push_all(pushes, schedule, background)          | combine: rows into their sources' slots    |
 | join()                                          | later work waits for background exchanges  |
@@ -98,24 +97,17 @@ def backward(engine, d_y, shared, routed, saved, shared_saved, x, schedule, limi
     d_w_routed_down).
     """
     overlap = overlaps_shared(shared, engine.topk)
-    rw_rows = engine.pull_router_weights(schedule, background=overlap, sync=(True, False))
-    # The down weight gradient's router-weighted d_out rows come from the same read of the rows.
-    d_out_rows, d_y_rows = engine.pull_scaled(
-        "d_y_buffer", schedule, rw_rows, background=overlap, sync=(False, False)
-    )
+    d_out_rows = engine.pull("d_y_buffer", schedule, background=overlap, sync=(True, False))
+    rw_rows = engine.pull_router_weights(schedule, background=overlap, sync=(False, False))
     (d_x_s, d_gate_s, d_up_s, d_hidden_s), shared_weight_grads = _shared_backward(
         engine, d_y, x, shared_saved, shared, limit
     )
     engine.join()
     gemm = engine.routed_gemms(schedule, schedule[3].shape[0])
     if mxfp8:
-        routed_out = experts.backward_mxfp8(
-            d_out_rows, rw_rows, saved, routed, gemm, limit, d_y_rows
-        )
+        routed_out = experts.backward_mxfp8(d_out_rows, rw_rows, saved, routed, gemm, limit)
     else:
-        routed_out = experts.backward_bf16(
-            d_out_rows, rw_rows, *saved, routed, gemm, limit, d_y_rows
-        )
+        routed_out = experts.backward_bf16(d_out_rows, rw_rows, *saved, routed, gemm, limit)
     (d_x_r, d_rw, d_gate_r, d_up_r, d_hidden_r), routed_weight_grads = routed_out
     pushes = [(d_x_r, "d_x_routed_buffer"), (d_rw, "d_router_weight_buffer")]
     engine.push_all(pushes, schedule, background=overlap)

@@ -157,10 +157,6 @@ class ReferenceEngine:
         weights = self.buffers["router_weight_buffer"]
         return pull_router_weights(weights, schedule[0], schedule[1], self.group_name)
 
-    def pull_scaled(self, name: str, schedule, scale, background=False, *, sync=(True, True)):
-        rows = self.pull(name, schedule)
-        return rows, experts.ExpertEngine.scale_rows(rows, scale)
-
     def push_all(self, pushes, schedule, background: bool = False) -> None:
         for rows, name in pushes:
             destination = self.buffers[name].view(-1, *rows.shape[1:])

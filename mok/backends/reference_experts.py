@@ -192,10 +192,9 @@ def forward_mxfp8(x_rows, w_gate, w_up, w_down, gemm, limit):
     return x_t, gate_q, up_q, hidden_t, y
 
 
-def backward_bf16(d_out_rows, rw_rows, x_rows, gate, up, hidden, weights, gemm, limit, d_y=None):
+def backward_bf16(d_out_rows, rw_rows, x_rows, gate, up, hidden, weights, gemm, limit):
     """Backward of one expert group. weights = (W_gate, W_up, W_down) bf16; rw_rows None means
-    every row's weight is 1 (the shared expert: its d_out feeds the down wgrad unscaled). `d_y`:
-    bf16(rw_rows * d_out_rows) where the caller already has it (the CUDA pull writes it).
+    every row's weight is 1 (the shared expert: its d_out feeds the down wgrad unscaled).
 
     Returns ((d_x, d_router_weight, d_gate, d_up, d_hidden), weight_grads): the data gradients
     now, and a `WeightGrads`, which runs the weight-gradient GEMMs when called and returns
@@ -204,14 +203,14 @@ def backward_bf16(d_out_rows, rw_rows, x_rows, gate, up, hidden, weights, gemm, 
     w_gate, w_up, w_down = weights
     d_h = gemm.linear(d_out_rows, w_down.transpose(1, 2))
     return _backward_tail(
-        d_h, (d_out_rows, d_y), rw_rows, x_rows, gate, up, hidden, weights, gemm, limit, False
+        d_h, d_out_rows, rw_rows, x_rows, gate, up, hidden, weights, gemm, limit, False
     )
 
 
-def backward_mxfp8(d_out_rows, rw_rows, ctx, weights, gemm, limit, d_y=None):
+def backward_mxfp8(d_out_rows, rw_rows, ctx, weights, gemm, limit):
     """MXFP8 backward. ctx = (x_t, gate_q, up_q, hidden_t) as saved by forward_mxfp8;
-    weights = ((W_g fp8, sc, fp8_t, sc_t), (W_u ...), (W_d fp8_t, sc_t)). `d_y` and the return
-    as `backward_bf16`.
+    weights = ((W_g fp8, sc, fp8_t, sc_t), (W_u ...), (W_d fp8_t, sc_t)). Returns as
+    `backward_bf16`.
     """
     x_t, gate_q, up_q, hidden_t = ctx
     (_, _, g_t, g_t_sc), (_, _, u_t, u_t_sc), down_t = weights
@@ -225,7 +224,7 @@ def backward_mxfp8(d_out_rows, rw_rows, ctx, weights, gemm, limit, d_y=None):
     dense = (*dense, None)
     return _backward_tail(
         d_h,
-        (d_out_rows, d_y),
+        d_out_rows,
         rw_rows,
         x_rows,
         _dequant(gate_q, gemm),
@@ -239,8 +238,7 @@ def backward_mxfp8(d_out_rows, rw_rows, ctx, weights, gemm, limit, d_y=None):
 
 
 def _backward_tail(d_h, d_out, rw, x, gate, up, hidden, weights, gemm, limit, mx):
-    """Shared part of both backward modes, from the unscaled d_h = d_out @ W_down; d_out is
-    (d_out rows, their router-weighted copy or None)."""
+    """Shared part of both backward modes, from the unscaled d_h = d_out @ W_down."""
     w_gate, w_up, _ = weights
     unit = rw is None
     if unit:
@@ -249,16 +247,15 @@ def _backward_tail(d_h, d_out, rw, x, gate, up, hidden, weights, gemm, limit, mx
     dgrad_in = (mx_round(d_gate, gemm), mx_round(d_up, gemm)) if mx else (d_gate, d_up)
     dgrad_terms = ((dgrad_in[0], w_gate.transpose(1, 2)), (dgrad_in[1], w_up.transpose(1, 2)))
     d_x = gemm.linear_sum(dgrad_terms).to(torch.bfloat16)
-    weight_grads = WeightGrads(gemm, (d_gate, d_up, *d_out), None if unit else rw, x, hidden, mx)
+    weight_grads = WeightGrads(gemm, (d_gate, d_up, d_out), None if unit else rw, x, hidden, mx)
     return (d_x, d_router_weight, d_gate, d_up, d_hidden), weight_grads
 
 
 class WeightGrads:
     """The weight gradients (d_W_gate, d_W_up, d_W_down) bf16 of one backward, computed when
     called. `prepare()` runs the elementwise passes their inputs need first (d_out scaled by the
-    router weights, unless the caller passed it; in MXFP8 the row-blocked rounding), so a pass
-    can enqueue those beside a background exchange and the GEMMs after it; calling prepares
-    whatever is not yet. grads = (d_gate, d_up, d_out, bf16(rw * d_out) or None)."""
+    router weights; in MXFP8 the row-blocked rounding), so a pass can enqueue those beside a
+    background exchange and the GEMMs after it; calling prepares whatever is not yet."""
 
     def __init__(self, gemm, grads, rw, x, hidden, mx: bool):
         self.gemm, self.grads, self.rw, self.mx = gemm, grads, rw, mx
@@ -268,10 +265,9 @@ class WeightGrads:
     def prepare(self) -> None:
         if self._inputs is not None:
             return
-        d_gate, d_up, d_out, d_y = self.grads
+        d_gate, d_up, d_out = self.grads
         rw = self.rw  # None: unit weights (the shared expert), d_out as it is
-        if d_y is None:
-            d_y = d_out.to(torch.bfloat16) if rw is None else self.gemm.scale_rows(d_out, rw)
+        d_y = d_out.to(torch.bfloat16) if rw is None else self.gemm.scale_rows(d_out, rw)
         inputs = (d_gate, d_up, d_y)
         if self.mx:
             inputs = tuple(mx_round_rows(t, self.gemm) for t in inputs)

@@ -36,10 +36,6 @@ class RecordingEngine:
         self.barriers += sum(sync)
         return torch.randn(ROWS, HIDDEN, generator=self.gen).to(torch.bfloat16)
 
-    def pull_scaled(self, name, schedule, scale, background=False, *, sync=(True, True)):
-        rows = self.pull(f"{name} scaled", schedule, background, sync=sync)
-        return rows, experts.ExpertEngine.scale_rows(rows, scale)
-
     def pull_router_weights(self, schedule, background=False, *, sync=(True, True)):
         self._exchange("pull router weights", background)
         self.barriers += sum(sync)
@@ -117,8 +113,8 @@ def test_backward_exchanges_overlap_a_large_shared_expert_only():
     exchanges = [(kind, bg) for kind, bg in _run_step(large).log if not kind.startswith("routed")]
     backgrounds = [kind for kind, bg in exchanges if bg]
     assert backgrounds == [  # the backward's exchanges; the forward gained nothing (moe.py)
+        "pull d_y_buffer",
         "pull router weights",
-        "pull d_y_buffer scaled",
         "push d_x_routed_buffer",
         "push d_router_weight_buffer",
     ]
@@ -126,16 +122,15 @@ def test_backward_exchanges_overlap_a_large_shared_expert_only():
         assert not any(bg for _, bg in _run_step(small).log)
 
 
-def test_routed_wgrad_inputs_come_from_the_pull():
-    """The router-weighted d_out rows of the down weight gradient come from the scaled pull (no
-    pass of the routed GEMM engine's scale_rows); its GEMMs run only after the push joined."""
-    for shared_inter in (moe.MIN_SHARED_INTER_PER_TOPK, None):
-        kinds = [kind for kind, _ in _run_step(shared_inter).log]
-        assert "routed scale_rows" not in kinds
-        wgrads = kinds.index("routed weight_grads")
-        assert (
-            kinds.index("pull d_y_buffer scaled") < kinds.index("push d_x_routed_buffer") < wgrads
-        )
+def test_routed_wgrad_inputs_are_prepared_beside_the_push():
+    """The scaled d_out rows are computed while the background push runs (the comm stream's
+    fork is pending), the routed weight-gradient GEMMs only after it joined."""
+    log = _run_step(moe.MIN_SHARED_INTER_PER_TOPK).log
+    kinds = [kind for kind, _ in log]
+    scale = kinds.index("routed scale_rows")
+    assert log[scale] == ("routed scale_rows", True)
+    assert kinds.index("push d_x_routed_buffer") < scale < kinds.index("routed weight_grads")
+    assert "join" in kinds[scale : kinds.index("routed weight_grads")]
 
 
 def test_each_pass_asks_for_three_barriers():

@@ -101,19 +101,13 @@ def test_pull_rows_and_router_weights(shape, kind, seed, workspaces):
         cuda_comm.pull_rows(ws, name, sched, out)
         skew(rng)
         got_rw = cuda_comm.pull_router_weights(ws, sched, out_rw)
-        again, scaled = (poison(torch.empty_like(out)) for _ in range(2))
-        skew(rng)
-        cuda_comm.pull_rows_scaled(ws, name, sched, got_rw, again, scaled)
         want = reference.pull_rows(source, sched[0], sched[1], ws.topk, ws.group_name)
         want_rw = reference.pull_router_weights(
             ws.router_weight_buffer, sched[0], sched[1], ws.group_name
         )
-        want_scaled = (want_rw[:, None] * want.float()).to(torch.bfloat16)
         return [
             bit_mismatch(f"pull {name} call {call}", out, want),
             bit_mismatch(f"pull router weights call {call}", got_rw, want_rw),
-            bit_mismatch(f"scaled pull {name} call {call}: rows", again, want),
-            bit_mismatch(f"scaled pull {name} call {call}: scaled rows", scaled, want_scaled),
         ]
 
     check_calls(ws, kind, shape[3], gen, one_call)
@@ -213,19 +207,7 @@ def test_rejects_bad_arguments(workspaces):
             "combine_buffer",
             sync_before=False,
         )
-    rw_rows = torch.zeros(256, dtype=torch.float32, device="cuda")
-    with pytest.raises(ValueError, match=r"`row_scale` must be a contiguous fp32 \[256\]"):
-        cuda_comm.pull_rows_scaled(ws, "d_y_buffer", sched, rw_rows[:255])
-    with pytest.raises(TypeError, match="`row_scale` must be torch.float32"):
-        cuda_comm.pull_rows_scaled(ws, "d_y_buffer", sched, rw_rows.double())
-    with pytest.raises(ValueError, match="`scaled_out` must be a contiguous"):
-        cuda_comm.pull_rows_scaled(
-            ws, "d_y_buffer", sched, rw_rows, scaled_out=torch.empty_like(ws.d_y_buffer)
-        )
     module = _extension.module_for_device(ws.device)
-    with pytest.raises(ValueError, match="`scaled_out` and `row_scale` go together"):
-        module.comm_pull_rows(1 << 20, 1 << 20, 1 << 20, 1 << 20, 1 << 20, 256, 8, 1, 1, 1, 1, 0,
-                              scaled_out=1 << 20)  # fmt: skip
     with pytest.raises(ValueError, match="row_bytes"):
         module.comm_pull_rows(1 << 20, 1 << 20, 1 << 20, 1 << 20, 1 << 20, 256, 6, 1, 1, 1, 1, 0)
     with pytest.raises(ValueError, match="rank"):
