@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import power
 import torch
 import torch.distributed as dist
 
@@ -98,11 +99,9 @@ def setup_distributed(*, cpu: bool, timeout_s: float) -> Dist:
     """Join the torchrun group: NCCL with one GPU per local rank, or gloo on CPU."""
     os.environ.update(MULTICAST_OFF)
     cuda = torch.cuda.is_available() and not cpu
+    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if cuda else "cpu")
     if cuda:
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
     dist.init_process_group(
         "nccl" if cuda else "gloo",
         timeout=timedelta(seconds=timeout_s),
@@ -116,13 +115,15 @@ def setup_distributed(*, cpu: bool, timeout_s: float) -> Dist:
 
 @dataclass(frozen=True, slots=True)
 class Timing:
-    """Per-iteration slowest-rank times in ms; the median is the number reported."""
+    """Per-iteration slowest-rank times in ms; the median is the number reported. `power`: each
+    rank's GPU power and clock over the timed iterations (power.py; None where not sampled)."""
 
     median_ms: float
     min_ms: float
     max_ms: float
     iters: int
     warmup_iters: int
+    power: list | None = None
 
 
 class Timer:
@@ -165,9 +166,11 @@ class Timer:
             spent += self._once(fn, setup)
             warm += 1
         times: list[float] = []
-        while not times or (len(times) < self.max_iters and sum(times) < self.budget_s * 1e3):
-            times.append(self._once(fn, setup))
-        return Timing(statistics.median(times), min(times), max(times), len(times), warm)
+        with power.Sampler(self.d.device if self.d.cuda else None) as sampler:
+            while not times or (len(times) < self.max_iters and sum(times) < self.budget_s * 1e3):
+                times.append(self._once(fn, setup))
+        watts = power.per_rank(sampler.summary, self.d.group)
+        return Timing(statistics.median(times), min(times), max(times), len(times), warm, watts)
 
 
 class Deadline:

@@ -193,6 +193,12 @@ def _worst_check(check: dict | None) -> float | None:
     return max(values) if values else None
 
 
+def _clock(timing: dict) -> float | None:
+    """The slowest GPU's mean SM clock (MHz) over the timed iterations, where it was sampled."""
+    clocks = [g["sm_mhz_mean"] for g in timing.get("power") or [] if g]
+    return min(clocks) if clocks else None
+
+
 def table(run: dict) -> str:
     """The compact summary: floors line, then one line per (system, shape)."""
     f = run["floors"] or {}
@@ -203,7 +209,8 @@ def table(run: dict) -> str:
         f"{_fmt(f.get('d2d_copy_GBps'), '.0f')} GB/s | NVLink {_fmt(nv.get('unidir_GBps'), '.0f')}"
         f" GB/s one way, {_fmt(nv.get('bidir_GBps'), '.0f')} GB/s both",
         f"{'system':<11} {'shape':<13} {'EP':>2} {'fwd ms':>8} {'bwd ms':>8} {'fwd TF/s':>8} "
-        f"{'bwd TF/s':>8} {'fwd xfl':>7} {'bwd xfl':>7} {'check':>8}  note",
+        f"{'bwd TF/s':>8} {'fwd xfl':>7} {'bwd xfl':>7} {'fwd MHz':>7} {'bwd MHz':>7} "
+        f"{'check':>8}  note",
     ]
     for r in run["records"]:
         fwd, bwd = r["fwd"] or {}, r["bwd"] or {}
@@ -213,6 +220,7 @@ def table(run: dict) -> str:
             f"{_fmt(fwd.get('median_ms'), '8.2f')} {_fmt(bwd.get('median_ms'), '8.2f')} "
             f"{_fmt(r['tflops_fwd'], '8.1f')} {_fmt(r['tflops_bwd'], '8.1f')} "
             f"{_fmt(r['x_floor_fwd'], '7.2f')} {_fmt(r['x_floor_bwd'], '7.2f')} "
+            f"{_fmt(_clock(fwd), '7.0f')} {_fmt(_clock(bwd), '7.0f')} "
             f"{_fmt(_worst_check(r.get('check')), '8.1e')}  {note[:60]}"
         )
     return "\n".join(lines)

@@ -32,7 +32,10 @@ BOUND = {"nccl_torch": 0.01, "mok_bf16": 0.01, "mok_bf16_fg": 0.01, "mok_mxfp8":
 
 @functools.cache
 def _load(name: str):
-    """A benchmarks/ module under a private name (benchmarks/ is not a package)."""
+    """A benchmarks/ module under a private name (benchmarks/ is not a package; the modules
+    import each other by their plain names, as they do when run as scripts)."""
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.append(str(BENCHMARKS))
     spec = importlib.util.spec_from_file_location(f"mok_bench_{name}", BENCHMARKS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
@@ -102,6 +105,7 @@ def test_every_system_and_shape_measured(smoke, ep):
             timing = r[phase]
             assert 0 < timing["min_ms"] <= timing["median_ms"] <= timing["max_ms"]
             assert timing["iters"] >= 1 and timing["warmup_iters"] >= 1
+            assert timing["power"] == [None] * ep  # one entry per rank; no GPU to sample here
             assert r[f"tflops_{phase}"] > 0 and r[f"x_floor_{phase}"] > 0
         assert r["flops_bwd"] == 2 * r["flops_fwd"]
         if r["system"] == "nccl_torch":  # the yardstick of mok's expert GEMM kernels
@@ -139,6 +143,23 @@ def test_flop_count_is_the_originals():
     routed_only = harness.SHAPES["qwen3-235b"]
     t, k, h, i = routed_only.tokens, routed_only.topk, routed_only.hidden, routed_only.inter
     assert harness.flops(routed_only) == (6 * t * k * h * i, 12 * t * k * h * i)
+
+
+def test_power_summary_of_nvidia_smi_samples():
+    """Clock (MHz), board power (W) and the power-cap reason per sample; a line cut off when the
+    sampler stopped is left out, and no samples give None."""
+    power = _load("power")
+    lines = ["1980, 120.5, Not Active", "1470, 699.5, Active", "1500, 700.0, Active", "1500, 70"]
+    summary = power.summarize(lines)
+    assert summary == {
+        "power_w_mean": pytest.approx((120.5 + 699.5 + 700.0) / 3),
+        "power_w_max": 700.0,
+        "sm_mhz_mean": pytest.approx((1980 + 1470 + 1500) / 3),
+        "sm_mhz_min": 1470.0,
+        "power_capped_share": pytest.approx(2 / 3),
+        "samples": 3,
+    }
+    assert power.summarize(["", "[N/A], [N/A], Active"]) is None
 
 
 @pytest.mark.parametrize("name", ["dsv4-pro", "qwen3-235b", "qwen3.5"])
