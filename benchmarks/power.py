@@ -2,9 +2,10 @@
 
 An H200 that reaches its power limit lowers its SM clock, and then a step's time follows the
 energy it spends more than its critical path: work moved beside other work still costs power
-(NOTES.md v7). So each timed measurement records, per GPU, the mean and peak board power, the mean
-and lowest SM clock, and the share of samples in which the driver reported the software power
-cap as a reason for a lower clock. Where nvidia-smi is missing (CPU runs) nothing is sampled.
+(NOTES.md, "Power and clocks"). So each timed measurement records, per GPU, the mean and peak
+board power, the mean and lowest SM clock, and the share of samples in which the driver named
+the software power cap as a reason for a lower clock. Without nvidia-smi (CPU runs) nothing is
+sampled.
 """
 
 from __future__ import annotations
@@ -20,17 +21,21 @@ INTERVAL_MS = 50
 
 
 @functools.cache
-def _power_cap_field() -> str | None:
-    """The query name of the power-cap clock reason (renamed from throttle to event in 535)."""
+def _query_fields() -> tuple[str, str] | None:
+    """(power field, power-cap reason field) as this driver names them, or None without one.
+    `power.draw` is a 1 s average on Ampere and newer, so the instant reading is preferred; the
+    clock reasons were renamed from throttle to event in driver 535."""
     try:
         done = subprocess.run(
             ["nvidia-smi", "--help-query-gpu"], capture_output=True, text=True, timeout=20
         )
     except (OSError, subprocess.SubprocessError):
         return None
-    for name in ("clocks_event_reasons.sw_power_cap", "clocks_throttle_reasons.sw_power_cap"):
-        if name in done.stdout:
-            return name
+    text = done.stdout
+    power = "power.draw.instant" if "power.draw.instant" in text else "power.draw"
+    for cap in ("clocks_event_reasons.sw_power_cap", "clocks_throttle_reasons.sw_power_cap"):
+        if cap in text:
+            return power, cap
     return None
 
 
@@ -66,11 +71,11 @@ class Sampler:
         self.device, self.summary, self._process = device, None, None
 
     def __enter__(self) -> Sampler:
-        field = _power_cap_field()
-        if self.device is None or self.device.type != "cuda" or field is None:
+        fields = _query_fields()
+        if self.device is None or self.device.type != "cuda" or fields is None:
             return self
         uuid = torch.cuda.get_device_properties(self.device).uuid
-        command = ["nvidia-smi", "-i", f"GPU-{uuid}", f"--query-gpu=clocks.sm,power.draw,{field}",
+        command = ["nvidia-smi", "-i", f"GPU-{uuid}", f"--query-gpu=clocks.sm,{','.join(fields)}",
                    "--format=csv,noheader,nounits", "-lms", str(INTERVAL_MS)]  # fmt: skip
         try:
             self._process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
