@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -160,6 +161,46 @@ def test_power_summary_of_nvidia_smi_samples():
         "samples": 3,
     }
     assert power.summarize(["", "[N/A], [N/A], Active"]) is None
+
+
+FAKE_NVIDIA_SMI = """#!/bin/sh
+if [ "$1" = "--help-query-gpu" ]; then
+  echo '"power.draw"'; echo '"power.draw.instant"'; echo '"clocks_event_reasons.sw_power_cap"'
+  exit 0
+fi
+echo "$@" > "$(dirname "$0")/argv"
+while true; do echo "1500, 699.00, Active"; sleep 0.01; done
+"""
+
+
+def test_power_sampler_runs_nvidia_smi_for_the_gpu_and_stops_it(tmp_path, monkeypatch):
+    """The sampler asks the driver which fields it has, samples the GPU by UUID and stops its
+    nvidia-smi when the measurement ends (a fake nvidia-smi on PATH stands in for the driver)."""
+    import torch
+
+    power = _load("power")
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text(FAKE_NVIDIA_SMI)
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    props = type("Props", (), {"uuid": "1234-abcd"})()
+    monkeypatch.setattr(power.torch.cuda, "get_device_properties", lambda device: props)
+    power._query_fields.cache_clear()
+    try:
+        with power.Sampler(torch.device("cuda", 0)) as sampler:
+            deadline = time.monotonic() + 10
+            while not (tmp_path / "argv").exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(0.1)
+    finally:
+        power._query_fields.cache_clear()
+    argv = (tmp_path / "argv").read_text().split()
+    assert argv[:2] == ["-i", "GPU-1234-abcd"]
+    assert "--query-gpu=clocks.sm,power.draw.instant,clocks_event_reasons.sw_power_cap" in argv
+    assert sampler._process.poll() is not None  # stopped, not left running
+    summary = sampler.summary
+    assert summary["samples"] >= 1 and summary["power_capped_share"] == 1.0
+    assert summary["sm_mhz_mean"] == 1500.0 and summary["power_w_max"] == 699.0
 
 
 @pytest.mark.parametrize("name", ["dsv4-pro", "qwen3-235b", "qwen3.5"])
