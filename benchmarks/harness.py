@@ -115,8 +115,7 @@ def setup_distributed(*, cpu: bool, timeout_s: float) -> Dist:
 
 @dataclass(frozen=True, slots=True)
 class Timing:
-    """Per-iteration slowest-rank times in ms; the median is the number reported. `power`: each
-    rank's GPU power and clock over the timed iterations (power.py; None where not sampled)."""
+    """Slowest-rank ms per iteration (the median is reported); `power`: each GPU's, power.py."""
 
     median_ms: float
     min_ms: float
