@@ -163,6 +163,14 @@ def test_power_summary_of_nvidia_smi_samples():
     assert power.summarize(["", "[N/A], [N/A], Active"]) is None
 
 
+def test_table_clock_is_the_slowest_sampled_gpu():
+    """The table's MHz column: the lowest mean SM clock among the GPUs that were sampled."""
+    clock = _load("run")._clock
+    assert clock({"power": [{"sm_mhz_mean": 1600.0}, None, {"sm_mhz_mean": 1500.0}]}) == 1500.0
+    assert clock({"power": [None, None]}) is None
+    assert clock({"power": None}) is None and clock({}) is None
+
+
 FAKE_NVIDIA_SMI = """#!/bin/sh
 if [ "$1" = "--help-query-gpu" ]; then
   echo '"power.draw"'; echo '"power.draw.instant"'; echo '"clocks_event_reasons.sw_power_cap"'
