@@ -71,3 +71,77 @@ def rates(timer: harness.Timer, rows: torch.Tensor, offs: torch.Tensor, gate_up,
                 out[f"mok_gemm_{name}_tflops"] = mine
                 out[f"mok_gemm_{name}_vs_grouped_mm"] = mine / baseline
     return out
+
+
+def pass_gemms(timer: harness.Timer, rows, offs, gate_up, down, x, shared) -> dict:
+    """One pass's GEMMs alone, back to back: {kernels: {"fwd": Timing, "bwd": Timing}}.
+
+    The routed experts' GEMMs on this rank's received rows (`rows`, `offs`, gate_up, down as in
+    `rates`) and, with `shared` = (gate_up [2I, H], down [H, I]), the shared expert's on the
+    local tokens `x` (torch.mm): forward gate-up and down; backward d_h, d_x and the weight
+    gradients (torch: gate and up stacked, as the baseline runs them), harness.flops's FLOPs.
+    No communication, no elementwise work, operands of the right sizes with random values: what the
+    passes' FLOPs cost on this GPU at the clock sustained load gives them, for "torch"
+    (`_grouped_mm`, the baseline's kernels) and "mok" (mok's grouped GEMMs, where the module has
+    them, launched as mok's passes launch them; the shared expert on torch.mm in both).
+    """
+    n, inter = rows.shape[0], down.shape[2]
+    gen = torch.Generator(device=rows.device).manual_seed(n + 1)
+
+    def randn(*size: int) -> torch.Tensor:
+        return torch.randn(*size, device=rows.device, generator=gen).bfloat16()
+
+    h_rows, d_y, d_gu = randn(n, inter), randn(n, rows.shape[1]), randn(n, 2 * inter)
+    counts = torch.diff(offs, prepend=offs.new_zeros(1)).to(torch.int32)
+    kernels = {
+        "torch": (
+            lambda: (
+                torch._grouped_mm(rows, gate_up.transpose(-2, -1), offs=offs),
+                torch._grouped_mm(h_rows, down.transpose(-2, -1), offs=offs),
+            ),
+            lambda: (
+                torch._grouped_mm(d_y, down, offs=offs),
+                torch._grouped_mm(d_gu, gate_up, offs=offs),
+                torch._grouped_mm(d_gu.T, rows, offs=offs),
+                torch._grouped_mm(d_y.T, h_rows, offs=offs),
+            ),
+        ),  # fmt: skip
+    }
+    if cuda_gemm.available(rows.device):
+        # mok's launches as its pass makes them: gate and up as two weights, d_x as two terms.
+        w_gate, w_up = (w.contiguous() for w in gate_up.chunk(2, dim=1))
+        d_gate, d_up = (t.contiguous() for t in d_gu.chunk(2, dim=1))
+        kernels["mok"] = (
+            lambda: (cuda_gemm.linear(rows, [w_gate, w_up], counts),
+                     cuda_gemm.linear(h_rows, [down], counts)),
+            lambda: (cuda_gemm.linear_transposed(d_y, down, counts, False),
+                     cuda_gemm.linear_sum([(d_gate, w_gate), (d_up, w_up)], counts),
+                     cuda_gemm.weight_grads([(d_gate, rows), (d_up, rows)], counts),
+                     cuda_gemm.weight_grads([(d_y, h_rows)], counts)),
+        )  # fmt: skip
+    shared_fwd, shared_bwd = _shared_gemms(x, shared, randn)
+    out: dict[str, dict] = {}
+    with torch.no_grad():
+        for name, (routed_fwd, routed_bwd) in kernels.items():
+            out[name] = {
+                "fwd": timer.measure(lambda f=routed_fwd: (shared_fwd(), f())),
+                "bwd": timer.measure(lambda b=routed_bwd: (shared_bwd(), b())),
+            }
+    return out
+
+
+def _shared_gemms(x: torch.Tensor, shared, randn):
+    """(forward, backward) callables of the shared expert's GEMMs on x; no-ops without one."""
+    if shared is None:
+        return (lambda: None), (lambda: None)
+    gate_up, down = shared
+    tokens, inter = x.shape[0], down.shape[1]
+    hidden, d_out, d_gu = randn(tokens, inter), randn(tokens, x.shape[1]), randn(tokens, 2 * inter)
+
+    def forward():
+        return x @ gate_up.T, hidden @ down.T
+
+    def backward():
+        return d_out @ down, d_gu @ gate_up, d_gu.T @ x, d_out.T @ hidden
+
+    return forward, backward

@@ -23,7 +23,7 @@ torch 2.11, so the CPU smoke run executes this exact code.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import bench_gemm
 import harness
@@ -142,14 +142,24 @@ def moe_forward(
 
 def grouped_mm_rates(timer: harness.Timer, inputs: harness.Inputs, w: BaselineWeights, group):
     """Each expert GEMM alone on this rank's received rows of one step, torch._grouped_mm and
-    mok's kernels (bench_gemm): the yardstick "each >= 90% of _grouped_mm"."""
+    mok's kernels (bench_gemm): the yardstick "each >= 90% of _grouped_mm"; and each pass's
+    GEMMs alone, back to back (`gemm_pass`: the time its FLOPs take under sustained load)."""
     experts = w.down.shape[0]
     with torch.no_grad():
         plan = routing_plan(inputs.top, experts, group)
         send = inputs.x[plan.order // inputs.top.shape[1]]
         rows = _exchange(send, plan.output_splits, plan.input_splits, group)[plan.local_order]
         gate_up, down = w.gate_up.detach().contiguous(), w.down.detach().contiguous()
-    return bench_gemm.rates(timer, rows, plan.offs, gate_up, down)
+    extra = bench_gemm.rates(timer, rows, plan.offs, gate_up, down)
+    shared = None
+    if w.shared_gate_up is not None:
+        shared = (w.shared_gate_up.detach(), w.shared_down.detach())
+    passes = bench_gemm.pass_gemms(timer, rows, plan.offs, gate_up, down, inputs.x, shared)
+    extra["gemm_pass"] = {
+        kernels: {phase: asdict(timing) for phase, timing in timings.items()}
+        for kernels, timings in passes.items()
+    }
+    return extra
 
 
 def _leaves(inputs: harness.Inputs) -> tuple[torch.Tensor, torch.Tensor]:

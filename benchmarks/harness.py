@@ -168,7 +168,7 @@ class Timer:
         with power.Sampler(self.d.device if self.d.cuda else None) as sampler:
             while not times or (len(times) < self.max_iters and sum(times) < self.budget_s * 1e3):
                 times.append(self._once(fn, setup))
-        watts = power.per_rank(sampler.summary, self.d.group)
+        watts = power.per_rank(sampler.summary, self.d.group, len(times))
         return Timing(statistics.median(times), min(times), max(times), len(times), warm, watts)
 
 

@@ -4,15 +4,18 @@ An H200 that reaches its power limit lowers its SM clock, and then a step's time
 energy it spends more than its critical path: work moved beside other work still costs power
 (NOTES.md, "Power and clocks"). So each timed measurement records, per GPU, the mean and peak
 board power, the mean and lowest SM clock, and the share of samples in which the driver named
-the software power cap as a reason for a lower clock. Without nvidia-smi (CPU runs) nothing is
-sampled.
+the software power cap as a reason for a lower clock, and the energy the GPU used (NVML's
+energy counter, read before and after). Without nvidia-smi and the driver's NVML library (CPU
+runs) nothing is sampled.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import statistics
 import subprocess
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -63,18 +66,51 @@ def summarize(lines: list[str]) -> dict | None:
     }
 
 
+@functools.cache
+def _nvml() -> ctypes.CDLL | None:
+    """The driver's NVML library, initialised, or None where it is absent."""
+    try:
+        lib = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return None
+    return lib if lib.nvmlInit_v2() == 0 else None
+
+
+def energy_reader(uuid: str) -> Callable[[], float | None]:
+    """A function returning the GPU's energy counter in joules (NVML counts millijoules since
+    the driver loaded; Volta and newer), or None where it cannot be read."""
+    lib = _nvml()
+    handle = ctypes.c_void_p()
+    if lib is None or lib.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}".encode(), ctypes.byref(handle)):
+        return lambda: None
+
+    def read() -> float | None:
+        millijoules = ctypes.c_ulonglong()
+        failed = lib.nvmlDeviceGetTotalEnergyConsumption(handle, ctypes.byref(millijoules))
+        return None if failed else millijoules.value / 1e3
+
+    return read
+
+
 class Sampler:
     """`with Sampler(device) as s:` samples that GPU (by UUID, whatever CUDA's device order);
-    afterwards `s.summary` is summarize()'s dict, or None where nothing could be sampled."""
+    afterwards `s.summary` is summarize()'s dict with `energy_j` (joules used in the block)
+    where NVML counts them, or None where nothing could be sampled."""
 
     def __init__(self, device: torch.device | None) -> None:
         self.device, self.summary, self._process = device, None, None
+        self._read_energy: Callable[[], float | None] = lambda: None
+        self._energy_start: float | None = None
 
     def __enter__(self) -> Sampler:
-        fields = _query_fields()
-        if self.device is None or self.device.type != "cuda" or fields is None:
+        if self.device is None or self.device.type != "cuda":
             return self
         uuid = torch.cuda.get_device_properties(self.device).uuid
+        self._read_energy = energy_reader(str(uuid))
+        self._energy_start = self._read_energy()
+        fields = _query_fields()
+        if fields is None:
+            return self
         command = ["nvidia-smi", "-i", f"GPU-{uuid}", f"--query-gpu=clocks.sm,{','.join(fields)}",
                    "--format=csv,noheader,nounits", "-lms", str(INTERVAL_MS)]  # fmt: skip
         try:
@@ -84,19 +120,28 @@ class Sampler:
         return self
 
     def __exit__(self, *exc_info) -> None:
-        if self._process is None:
-            return
-        self._process.terminate()
-        try:
-            out, _ = self._process.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            self._process.kill()
-            out, _ = self._process.communicate()
-        self.summary = summarize(out.splitlines())
+        energy_end = self._read_energy()
+        lines: list[str] = []
+        if self._process is not None:
+            self._process.terminate()
+            try:
+                out, _ = self._process.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                out, _ = self._process.communicate()
+            lines = out.splitlines()
+        summary = summarize(lines) or {}
+        if self._energy_start is not None and energy_end is not None:
+            summary["energy_j"] = energy_end - self._energy_start
+        self.summary = summary or None
 
 
-def per_rank(summary: dict | None, group) -> list[dict | None]:
-    """Every rank's summary, in rank order (an all_gather: every rank must call it)."""
+def per_rank(summary: dict | None, group, iterations: int) -> list[dict | None]:
+    """Every rank's summary, in rank order (an all_gather: every rank must call it), its energy
+    as `joules_per_iter` over the block's `iterations` (an untimed setup's share included)."""
+    if summary and "energy_j" in summary:
+        summary = dict(summary)
+        summary["joules_per_iter"] = summary.pop("energy_j") / iterations
     gathered: list[dict | None] = [None] * dist.get_world_size(group)
     dist.all_gather_object(gathered, summary, group=group)
     return gathered

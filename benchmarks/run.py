@@ -199,30 +199,54 @@ def _clock(timing: dict) -> float | None:
     return min(clocks) if clocks else None
 
 
+def _joules(timing: dict) -> float | None:
+    """The hungriest GPU's energy per iteration (J), where NVML counted it."""
+    gpus = [g for g in timing.get("power") or [] if g and "joules_per_iter" in g]
+    energy = [g["joules_per_iter"] for g in gpus]
+    return max(energy) if energy else None
+
+
+def _rate(row: dict, phase: str, timing: dict, rate: float | None) -> tuple:
+    """(TFLOP/s, x floor) of `timing` for the row's FLOPs of `phase`."""
+    ms, count = timing.get("median_ms"), row[f"flops_{phase}"]
+    if not ms:
+        return None, None
+    return count / (ms * 1e-3) / 1e12, (ms / (count / (rate * 1e12) * 1e3) if rate else None)
+
+
+def _line(system: str, row: dict, fwd: dict, bwd: dict, rate: float | None, note: str) -> str:
+    (tf_f, x_f), (tf_b, x_b) = _rate(row, "fwd", fwd, rate), _rate(row, "bwd", bwd, rate)
+    return (
+        f"{system:<11} {row['shape']:<13} {row['ep']:>2} "
+        f"{_fmt(fwd.get('median_ms'), '8.2f')} {_fmt(bwd.get('median_ms'), '8.2f')} "
+        f"{_fmt(tf_f, '8.1f')} {_fmt(tf_b, '8.1f')} {_fmt(x_f, '7.2f')} {_fmt(x_b, '7.2f')} "
+        f"{_fmt(_clock(fwd), '7.0f')} {_fmt(_clock(bwd), '7.0f')} "
+        f"{_fmt(_joules(fwd), '6.2f')} {_fmt(_joules(bwd), '6.2f')} "
+        f"{_fmt(_worst_check(row.get('check')), '8.1e')}  {note[:60]}"
+    )
+
+
 def table(run: dict) -> str:
-    """The compact summary: floors line, then one line per (system, shape)."""
+    """The compact summary: floors line, then one line per (system, shape); after the
+    baseline's, its `gemm_pass` lines (each pass's GEMMs alone, `gemms:<kernels>`)."""
     f = run["floors"] or {}
     nv = f.get("nvlink") or {}
+    rate = f.get("gemm_bf16_tflops")
     lines = [
         f"EP {run['ep']} on {run['env']['gpu'] or 'CPU'}: bf16 GEMM "
-        f"{_fmt(f.get('gemm_bf16_tflops'), '.1f')} TFLOP/s | D2D copy "
+        f"{_fmt(rate, '.1f')} TFLOP/s | D2D copy "
         f"{_fmt(f.get('d2d_copy_GBps'), '.0f')} GB/s | NVLink {_fmt(nv.get('unidir_GBps'), '.0f')}"
         f" GB/s one way, {_fmt(nv.get('bidir_GBps'), '.0f')} GB/s both",
         f"{'system':<11} {'shape':<13} {'EP':>2} {'fwd ms':>8} {'bwd ms':>8} {'fwd TF/s':>8} "
         f"{'bwd TF/s':>8} {'fwd xfl':>7} {'bwd xfl':>7} {'fwd MHz':>7} {'bwd MHz':>7} "
-        f"{'check':>8}  note",
+        f"{'fwd J':>6} {'bwd J':>6} {'check':>8}  note",
     ]
     for r in run["records"]:
-        fwd, bwd = r["fwd"] or {}, r["bwd"] or {}
         note = r.get("error") or r.get("skipped") or ""
-        lines.append(
-            f"{r['system']:<11} {r['shape']:<13} {r['ep']:>2} "
-            f"{_fmt(fwd.get('median_ms'), '8.2f')} {_fmt(bwd.get('median_ms'), '8.2f')} "
-            f"{_fmt(r['tflops_fwd'], '8.1f')} {_fmt(r['tflops_bwd'], '8.1f')} "
-            f"{_fmt(r['x_floor_fwd'], '7.2f')} {_fmt(r['x_floor_bwd'], '7.2f')} "
-            f"{_fmt(_clock(fwd), '7.0f')} {_fmt(_clock(bwd), '7.0f')} "
-            f"{_fmt(_worst_check(r.get('check')), '8.1e')}  {note[:60]}"
-        )
+        lines.append(_line(r["system"], r, r["fwd"] or {}, r["bwd"] or {}, rate, note))
+        for kernels, timings in (r.get("gemm_pass") or {}).items():
+            gemms = {**r, "check": None}
+            lines.append(_line(f"gemms:{kernels}", gemms, timings["fwd"], timings["bwd"], rate, ""))
     return "\n".join(lines)
 
 

@@ -111,6 +111,10 @@ def test_every_system_and_shape_measured(smoke, ep):
         assert r["flops_bwd"] == 2 * r["flops_fwd"]
         if r["system"] == "nccl_torch":  # the yardstick of mok's expert GEMM kernels
             assert r["grouped_mm_gate_up_tflops"] > 0 and r["grouped_mm_down_tflops"] > 0
+            # Each pass's GEMMs alone; mok's kernels need a Hopper GPU, so torch's only here.
+            assert list(r["gemm_pass"]) == ["torch"]
+            for timing in r["gemm_pass"]["torch"].values():
+                assert timing["median_ms"] > 0 and timing["power"] == [None] * ep
 
 
 @pytest.mark.parametrize("ep", EP_SIZES, ids=lambda ep: f"ep{ep}")
@@ -209,6 +213,42 @@ def test_power_sampler_runs_nvidia_smi_for_the_gpu_and_stops_it(tmp_path, monkey
     summary = sampler.summary
     assert summary["samples"] >= 1 and summary["power_capped_share"] == 1.0
     assert summary["sm_mhz_mean"] == 1500.0 and summary["power_w_max"] == 699.0
+
+
+class FakeNvml:
+    """NVML's two calls the energy reader makes; the counter reads 5.000 J, then 47.500 J."""
+
+    def __init__(self) -> None:
+        self.uuids, self.millijoules = [], iter([5_000, 47_500])
+
+    def nvmlDeviceGetHandleByUUID(self, uuid, handle) -> int:
+        self.uuids.append(uuid)
+        return 0
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle, millijoules) -> int:
+        millijoules._obj.value = next(self.millijoules)
+        return 0
+
+
+def test_energy_from_nvml_per_timed_iteration(single_rank_group, monkeypatch):
+    """The sampler reads the GPU's NVML energy counter (by UUID) before and after the block;
+    per_rank turns the difference into joules per iteration; without NVML nothing is read."""
+    import torch
+
+    power = _load("power")
+    nvml = FakeNvml()
+    monkeypatch.setattr(power, "_nvml", lambda: nvml)
+    monkeypatch.setattr(power, "_query_fields", lambda: None)  # no nvidia-smi samples
+    props = type("Props", (), {"uuid": "1234-abcd"})()
+    monkeypatch.setattr(power.torch.cuda, "get_device_properties", lambda device: props)
+    with power.Sampler(torch.device("cuda", 0)) as sampler:
+        pass
+    assert nvml.uuids == [b"GPU-1234-abcd"]
+    assert sampler.summary == {"energy_j": pytest.approx(42.5)}
+    (summary,) = power.per_rank(sampler.summary, single_rank_group, 5)
+    assert summary == {"joules_per_iter": pytest.approx(8.5)}
+    monkeypatch.setattr(power, "_nvml", lambda: None)
+    assert power.energy_reader("1234-abcd")() is None
 
 
 @pytest.mark.parametrize("name", ["dsv4-pro", "qwen3-235b", "qwen3.5"])
