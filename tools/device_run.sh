@@ -47,7 +47,7 @@ if [[ -z "${MOK_SKIP_BENCH:-}" ]]; then
     for ranks in $(printf '%s\n' 1 "$gpus" | sort -un); do
         torchrun --standalone --nproc-per-node="$ranks" "$repo/benchmarks/run.py" \
             --out "$out/bench" --budget-s 1.0 --deadline-s 150 >> "$out/bench.log" 2>&1
-        tail -n 16 "$out/bench.log"
+        tail -n 24 "$out/bench.log"
     done
     python3 "$repo/benchmarks/plot.py" "$out/bench/results.json" --out "$out/bench/chart.png"
 fi
