@@ -199,13 +199,6 @@ def _clock(timing: dict) -> float | None:
     return min(clocks) if clocks else None
 
 
-def _joules(timing: dict) -> float | None:
-    """The hungriest GPU's energy per iteration (J), where NVML counted it."""
-    gpus = [g for g in timing.get("power") or [] if g and "joules_per_iter" in g]
-    energy = [g["joules_per_iter"] for g in gpus]
-    return max(energy) if energy else None
-
-
 def _rate(row: dict, phase: str, timing: dict, rate: float | None) -> tuple:
     """(TFLOP/s, x floor) of `timing` for the row's FLOPs of `phase`."""
     ms, count = timing.get("median_ms"), row[f"flops_{phase}"]
@@ -221,7 +214,6 @@ def _line(system: str, row: dict, fwd: dict, bwd: dict, rate: float | None, note
         f"{_fmt(fwd.get('median_ms'), '8.2f')} {_fmt(bwd.get('median_ms'), '8.2f')} "
         f"{_fmt(tf_f, '8.1f')} {_fmt(tf_b, '8.1f')} {_fmt(x_f, '7.2f')} {_fmt(x_b, '7.2f')} "
         f"{_fmt(_clock(fwd), '7.0f')} {_fmt(_clock(bwd), '7.0f')} "
-        f"{_fmt(_joules(fwd), '6.2f')} {_fmt(_joules(bwd), '6.2f')} "
         f"{_fmt(_worst_check(row.get('check')), '8.1e')}  {note[:60]}"
     )
 
@@ -239,7 +231,7 @@ def table(run: dict) -> str:
         f" GB/s one way, {_fmt(nv.get('bidir_GBps'), '.0f')} GB/s both",
         f"{'system':<11} {'shape':<13} {'EP':>2} {'fwd ms':>8} {'bwd ms':>8} {'fwd TF/s':>8} "
         f"{'bwd TF/s':>8} {'fwd xfl':>7} {'bwd xfl':>7} {'fwd MHz':>7} {'bwd MHz':>7} "
-        f"{'fwd J':>6} {'bwd J':>6} {'check':>8}  note",
+        f"{'check':>8}  note",
     ]
     for r in run["records"]:
         note = r.get("error") or r.get("skipped") or ""
