@@ -21,6 +21,7 @@ from pathlib import Path
 import power
 import torch
 import torch.distributed as dist
+from shapes import SHAPES, SMOKE_SHAPES, Shape, flops  # noqa: F401 (the harness's API)
 
 # mok never uses NVLink multicast / NVLS (DESIGN.md §2.4); NCCL and symmetric memory must not
 # either, so that the baseline and mok run under the same rules.
@@ -30,54 +31,6 @@ MULTICAST_OFF = {
     "NVSHMEM_DISABLE_NVLS": "1",
 }
 REPO = Path(__file__).resolve().parent.parent
-
-
-# ---------------------------------------------------------------------------------- shapes
-
-
-@dataclass(frozen=True, slots=True)
-class Shape:
-    """One MoE layer per rank: T tokens, hidden H, expert intermediate I, top-k, E local experts."""
-
-    name: str
-    hidden: int
-    inter: int
-    topk: int
-    experts: int
-    tokens: int
-    shared: bool
-
-    @property
-    def rows_per_expert(self) -> float:
-        """Average routed rows one expert receives (independent of EP under uniform routing)."""
-        return self.tokens * self.topk / self.experts
-
-
-# T * k / E = 2048 rows per expert, as each expert sees at EP 64 with the original's defaults.
-SHAPES = {
-    s.name: s
-    for s in (
-        Shape("dsv4-pro", hidden=7168, inter=3072, topk=6, experts=12, tokens=4096, shared=True),
-        Shape("qwen3-235b", hidden=4096, inter=1536, topk=8, experts=16, tokens=4096, shared=False),
-        Shape("qwen3.5", hidden=4096, inter=1024, topk=10, experts=20, tokens=4096, shared=True),
-    )
-}
-# The smallest sizes mok accepts (H, I multiples of 128), with and without a shared expert.
-SMOKE_SHAPES = {
-    s.name: s
-    for s in (
-        Shape("tiny", hidden=128, inter=128, topk=2, experts=2, tokens=64, shared=True),
-        Shape("tiny-noshared", hidden=128, inter=256, topk=3, experts=3, tokens=48, shared=False),
-    )
-}
-
-
-def flops(shape: Shape) -> tuple[int, int]:
-    """(forward, backward) FLOPs as the original counts them: 3 GEMMs of 2·H·I per row, over
-    T·k routed rows plus T shared rows when there is a shared expert; backward is 2x."""
-    rows = shape.tokens * shape.topk + (shape.tokens if shape.shared else 0)
-    forward = 6 * rows * shape.hidden * shape.inter
-    return forward, 2 * forward
 
 
 # ------------------------------------------------------------------------------ process group
@@ -377,8 +330,11 @@ def _first_line(*command: str) -> str | None:
 def environment(d: Dist) -> dict:
     """What the numbers were measured on and with."""
     import mok
+    from mok._extension import module_for_device
     from mok.backends import cuda as mok_cuda
 
+    kernels = bool(d.cuda and mok_cuda.available(d.device))
+    build = module_for_device(d.device).build_info() if kernels else {}
     return {
         "time_utc": datetime.now(UTC).isoformat(timespec="seconds"),
         # The device machine's copy of the tree has no .git: the caller passes the commit.
@@ -391,7 +347,8 @@ def environment(d: Dist) -> dict:
         "mok_version": mok.__version__,
         "mok_path": str(Path(mok.__file__).parent),
         "mok_backend_env": os.environ.get("MOK_BACKEND", "auto"),
-        "mok_cuda_extension": bool(d.cuda and mok_cuda.available(d.device)),
+        "mok_cuda_extension": kernels,
+        "mok_build_commit": build.get("git_commit"),  # MOK_GIT_COMMIT when the wheel was built
         "gpu": torch.cuda.get_device_name(d.device) if d.cuda else None,
         "gpu_count": torch.cuda.device_count() if d.cuda else 0,
         "driver": _first_line("nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader")
