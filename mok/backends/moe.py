@@ -20,16 +20,18 @@ barrier before its pushes, which every rank reaches only after its own pulls, al
 sources from being overwritten; the pushes of a pass share one barrier before and one after.
 `pushes` is a list of (rows, destination buffer name). `background=True` lets an engine run the
 exchange concurrently with the work enqueued after it, up to the next `join()`; the passes ask
-for it only in the backward, where the shared expert's GEMMs, which need nothing from the
-exchange, are long enough to hide it (`overlaps_shared`). The results do not depend on it.
+for it in the backward, where the shared expert's GEMMs, which need nothing from the exchange,
+are long enough to hide it (`overlaps_shared`), and in the MXFP8 forward, beside the weights'
+dequantization. The results do not depend on it.
 """
 
 from __future__ import annotations
 
 from mok.backends import reference_experts as experts
 
-# Only the backward overlaps. Its shared-expert phases (data gradients beside the pulls, weight
-# gradients beside the pushes) each take ~6·T·H·I_s FLOPs, an exchange moves ~2·T·k·H bytes; at
+# Of the shared expert's GEMMs only the backward's hide exchanges. Its shared-expert phases
+# (data gradients beside the pulls, weight gradients beside the pushes) each take
+# ~6·T·H·I_s FLOPs, an exchange moves ~2·T·k·H bytes; at
 # H200's ~650 TFLOP/s and the ~650 GB/s a background exchange reached on a quarter of the SMs
 # (32 CTAs; since v5 it gets 64), the GEMMs outlast the exchange from I_s ≈ 330·k. Measured on
 # 2x H200 (benchmarks/NOTES.md v4, v5): the DSV4-Pro-like backward (I_s 3072, top-6) 0.2-0.8 ms
@@ -74,11 +76,14 @@ def forward(engine, x, shared, routed, schedule, limit, mxfp8: bool):
     busy while the host enqueues the routed stages.
     """
     shared_out = _shared_forward(engine, x, shared, limit)
-    x_rows = engine.pull("x_buffer", schedule, sync=(True, False))
-    num_experts = schedule[3].shape[0]
-    gemm = engine.routed_gemms(schedule, num_experts)
+    gemm = engine.routed_gemms(schedule, schedule[3].shape[0])
+    # MXFP8: the dispatch runs in the background of the weights' dequantization (memory-bound
+    # work that needs nothing from it); BF16 has nothing to put beside it.
+    x_rows = engine.pull("x_buffer", schedule, background=mxfp8, sync=(True, False))
     if mxfp8:
-        *saved, y = experts.forward_mxfp8(x_rows, *routed, gemm, limit)
+        weights = experts.mxfp8_weights(*routed, gemm)
+        engine.join()
+        *saved, y = experts.forward_mxfp8(x_rows, weights, gemm, limit)
     else:
         gate, up, hidden, y = experts.forward_bf16(x_rows, *routed, gemm, limit)
         saved = [x_rows, gate, up, hidden]

@@ -175,18 +175,25 @@ def forward_bf16(x_rows, w_gate, w_up, w_down, gemm, limit):
     return gate, up, hidden, y
 
 
-def forward_mxfp8(x_rows, w_gate, w_up, w_down, gemm, limit):
-    """MXFP8 forward; weights are (fp8, scale) pairs. Returns the saved MXFP8 tensors and y.
+def mxfp8_weights(w_gate, w_up, w_down, gemm):
+    """The values the MXFP8 forward's GEMMs read for its (fp8, scale) weight pairs: each weight
+    dequantized (blocks along its reduction dim). They need nothing from the exchange, so a pass
+    can compute them while its dispatch runs."""
+    return tuple(_dequant(w, gemm) for w in (w_gate, w_up, w_down))
+
+
+def forward_mxfp8(x_rows, weights, gemm, limit):
+    """MXFP8 forward on `weights` = mxfp8_weights(...). Returns the saved MXFP8 tensors and y.
 
     Output: (x_t, gate_q, up_q, hidden_t, y) where x_t/hidden_t are transposed (fp8, scale)
     pairs (blocks along rows, for the weight gradients) and gate_q/up_q normal pairs.
     """
+    w_gate, w_up, w_down = weights
     xq, x_t = mx_round_both(x_rows, gemm)
-    weights = (_dequant(w_gate, gemm), _dequant(w_up, gemm))
-    gate, up = (t.to(torch.bfloat16) for t in gemm.linears(xq, weights))
+    gate, up = (t.to(torch.bfloat16) for t in gemm.linears(xq, (w_gate, w_up)))
     hidden = gemm.swiglu(gate, up, limit)
     hidden_q, hidden_t = mx_round_both(hidden, gemm)
-    y = gemm.linear(hidden_q, _dequant(w_down, gemm)).to(torch.bfloat16)
+    y = gemm.linear(hidden_q, w_down).to(torch.bfloat16)
     gate_q = gemm.quantize(gate, True, False)[:2]
     up_q = gemm.quantize(up, True, False)[:2]
     return x_t, gate_q, up_q, hidden_t, y
