@@ -21,8 +21,8 @@ sources from being overwritten; the pushes of a pass share one barrier before an
 `pushes` is a list of (rows, destination buffer name). `background=True` lets an engine run the
 exchange concurrently with the work enqueued after it, up to the next `join()`; the passes ask
 for it in the backward, where the shared expert's GEMMs, which need nothing from the exchange,
-are long enough to hide it (`overlaps_shared`), and in the MXFP8 forward, beside the weights'
-dequantization. The results do not depend on it.
+are long enough to hide it (`overlaps_shared`), and in MXFP8, beside the dequantization of the
+weights (and, backward, of the saved activations). The results do not depend on it.
 """
 
 from __future__ import annotations
@@ -96,21 +96,28 @@ def backward(engine, d_y, shared, routed, saved, shared_saved, x, schedule, limi
 
     With a large shared expert, the pulls run in the background of its data gradients and the
     pushes in the background of its weight gradients and of the routed weight gradients'
-    elementwise inputs (the scaled d_out rows). Returns (d_x_shared, d_x_routed,
+    elementwise inputs (the scaled d_out rows); in MXFP8 the pulls always run in the
+    background, beside the dequantization of the saved tensors and weights, which then comes
+    before the shared expert's work. Returns (d_x_shared, d_x_routed,
     d_gate_shared, d_gate_routed, d_up_shared, d_up_routed, d_hidden_shared, d_hidden_routed,
     d_w_shared_gate, d_w_routed_gate, d_w_shared_up, d_w_routed_up, d_w_shared_down,
     d_w_routed_down).
     """
     overlap = overlaps_shared(shared, engine.topk)
-    d_out_rows = engine.pull("d_y_buffer", schedule, background=overlap, sync=(True, False))
-    rw_rows = engine.pull_router_weights(schedule, background=overlap, sync=(False, False))
+    gemm = engine.routed_gemms(schedule, schedule[3].shape[0])
+    # MXFP8 also pulls in the background of the dequantization of its saved tensors and weights.
+    background = overlap or mxfp8
+    d_out_rows = engine.pull("d_y_buffer", schedule, background=background, sync=(True, False))
+    rw_rows = engine.pull_router_weights(schedule, background=background, sync=(False, False))
+    inputs = experts.mxfp8_backward_inputs(saved, routed, gemm) if mxfp8 else None
+    if not overlap:
+        engine.join()
     (d_x_s, d_gate_s, d_up_s, d_hidden_s), shared_weight_grads = _shared_backward(
         engine, d_y, x, shared_saved, shared, limit
     )
     engine.join()
-    gemm = engine.routed_gemms(schedule, schedule[3].shape[0])
     if mxfp8:
-        routed_out = experts.backward_mxfp8(d_out_rows, rw_rows, saved, routed, gemm, limit)
+        routed_out = experts.backward_mxfp8(d_out_rows, rw_rows, inputs, gemm, limit)
     else:
         routed_out = experts.backward_bf16(d_out_rows, rw_rows, *saved, routed, gemm, limit)
     (d_x_r, d_rw, d_gate_r, d_up_r, d_hidden_r), routed_weight_grads = routed_out

@@ -214,33 +214,32 @@ def backward_bf16(d_out_rows, rw_rows, x_rows, gate, up, hidden, weights, gemm, 
     )
 
 
-def backward_mxfp8(d_out_rows, rw_rows, ctx, weights, gemm, limit):
-    """MXFP8 backward. ctx = (x_t, gate_q, up_q, hidden_t) as saved by forward_mxfp8;
-    weights = ((W_g fp8, sc, fp8_t, sc_t), (W_u ...), (W_d fp8_t, sc_t)). Returns as
-    `backward_bf16`.
-    """
+def mxfp8_backward_inputs(ctx, weights, gemm):
+    """The values the MXFP8 backward reads besides d_out: ctx = (x_t, gate_q, up_q, hidden_t)
+    as saved by forward_mxfp8 and weights = ((W_g fp8, sc, fp8_t, sc_t), (W_u ...), (W_d fp8_t,
+    sc_t)), dequantized. They need nothing from the exchange, so a pass can compute them while
+    its pulls run. Returns (W_d^T, (W_g^T, W_u^T, None), x, gate, up, hidden)."""
     x_t, gate_q, up_q, hidden_t = ctx
     (_, _, g_t, g_t_sc), (_, _, u_t, u_t_sc), down_t = weights
     # W_d^T's values as a transposed view of W_d-shaped storage: engines whose kernels store
     # bf16 for [E, N, K] weights keep d_h in fp32 for this layout, as the table says.
     down = _dequant(down_t, gemm, transposed=True).transpose(1, 2)
-    d_h = gemm.linear(mx_round(d_out_rows, gemm), down)
-    x_rows = _dequant(x_t, gemm, transposed=True)
-    hidden = _dequant(hidden_t, gemm, transposed=True)
     dense = tuple(_dequant(pair, gemm, transposed=True) for pair in ((g_t, g_t_sc), (u_t, u_t_sc)))
-    dense = (*dense, None)
-    return _backward_tail(
-        d_h,
-        d_out_rows,
-        rw_rows,
-        x_rows,
+    activations = (
+        _dequant(x_t, gemm, transposed=True),
         _dequant(gate_q, gemm),
         _dequant(up_q, gemm),
-        hidden,
-        dense,
-        gemm,
-        limit,
-        True,
+        _dequant(hidden_t, gemm, transposed=True),
+    )
+    return (down, (*dense, None), *activations)
+
+
+def backward_mxfp8(d_out_rows, rw_rows, inputs, gemm, limit):
+    """MXFP8 backward on `inputs` = mxfp8_backward_inputs(...). Returns as `backward_bf16`."""
+    down, dense, x_rows, gate, up, hidden = inputs
+    d_h = gemm.linear(mx_round(d_out_rows, gemm), down)
+    return _backward_tail(
+        d_h, d_out_rows, rw_rows, x_rows, gate, up, hidden, dense, gemm, limit, True
     )
 
 
