@@ -98,7 +98,7 @@ class Sampler:
     afterwards `s.summary` is summarize()'s dict with `energy_j` (joules used in the block) and
     `energy_window_s` (the block's seconds) where NVML counts them, or None where nothing could
     be sampled. The counter moves in steps: on 2x H200 (NOTES.md v7) blocks of 3 s agreed with
-    mean sampled watts x time within 2-7%, blocks under 1 s were off by up to 12% (0.6 s) and 2x
+    mean sampled watts x time within 2-7%, blocks under 1 s were off by up to 12% (0.6 s) and 1.8x
     (0.1-0.2 s)."""
 
     def __init__(self, device: torch.device | None) -> None:
