@@ -10,6 +10,7 @@ import torch
 from mok.backends import moe
 from mok.backends import reference_experts as experts
 from mok.backends.cuda_moe import background_ctas, sm_carveout
+from mok.ops import mxfp8_quantize
 
 HIDDEN, INTER, EXPERTS, SEGMENT = 128, 64, 2, 256
 ROWS = EXPERTS * SEGMENT
@@ -51,7 +52,6 @@ class RecordingEngine:
         self.pending = False
 
     def routed_gemms(self, schedule, num_experts):
-        assert not self.pending, "routed GEMMs enqueued before the background exchange joined"
         row_expert = experts.row_experts(schedule[3], schedule[2], ROWS)
         return LoggedGemms(self, row_expert, num_experts)
 
@@ -66,6 +66,14 @@ class LoggedGemms(experts.MaskedGemms):
     def __init__(self, engine: RecordingEngine, row_expert, num_experts):
         super().__init__(row_expert, num_experts)
         self.engine = engine
+
+    def linear(self, a, weight):
+        assert not self.engine.pending, "routed GEMM before the background exchange joined"
+        return super().linear(a, weight)
+
+    def dequantize(self, data, scales, transposed=False):
+        self.engine.log.append(("routed dequantize", self.engine.pending))
+        return super().dequantize(data, scales, transposed)
 
     def scale_rows(self, x, weight):
         self.engine.log.append(("routed scale_rows", self.engine.pending))
@@ -85,7 +93,13 @@ def _weights(gen, experts_count, inter=INTER):
             w(experts_count, HIDDEN, inter))  # fmt: skip
 
 
-def _run_step(shared_inter: int | None) -> RecordingEngine:
+def _mxfp8_forms(weights):
+    """(forward, backward) MXFP8 forms of the routed weights, as API.md specifies them."""
+    gate, up, down = (mxfp8_quantize(w, True, True) for w in weights)
+    return (gate[:2], up[:2], down[:2]), (gate, up, down[2:])
+
+
+def _run_step(shared_inter: int | None, mxfp8: bool = False) -> RecordingEngine:
     """One forward and backward at top-1; no shared expert when `shared_inter` is None."""
     gen = torch.Generator().manual_seed(1)
     tokens = 64
@@ -96,14 +110,15 @@ def _run_step(shared_inter: int | None) -> RecordingEngine:
         torch.full((EXPERTS,), SEGMENT, dtype=torch.int32),
     )
     x = torch.randn(tokens, HIDDEN, generator=gen).to(torch.bfloat16)
-    routed = _weights(gen, EXPERTS)
+    routed = _weights(gen, EXPERTS, 128 if mxfp8 else INTER)  # MXFP8 tiles are 128 wide
+    routed_fwd, routed_bwd = _mxfp8_forms(routed) if mxfp8 else (routed, routed)
     with_shared = shared_inter is not None
     shared = tuple(w[0] for w in _weights(gen, 1, shared_inter)) if with_shared else None
     engine = RecordingEngine()
-    saved, _, shared_out = moe.forward(engine, x, shared, routed, schedule, None, False)
+    saved, _, shared_out = moe.forward(engine, x, shared, routed_fwd, schedule, None, mxfp8)
     assert not engine.pending, "forward returned with a background exchange not joined"
     shared_saved = shared_out[:3] if with_shared else None
-    moe.backward(engine, x, shared, routed, saved, shared_saved, x, schedule, None, False)
+    moe.backward(engine, x, shared, routed_bwd, saved, shared_saved, x, schedule, None, mxfp8)
     assert not engine.pending, "backward returned with a background exchange not joined"
     return engine
 
@@ -120,6 +135,17 @@ def test_backward_exchanges_overlap_a_large_shared_expert_only():
     ]
     for small in (large - 2, None):  # too small to hide an exchange; none at all
         assert not any(bg for _, bg in _run_step(small).log)
+
+
+def test_mxfp8_pulls_run_beside_the_dequantization():
+    """In MXFP8 every pull runs in the background, also without a shared expert to hide it,
+    while the routed weights (forward: 3) and the saved activations and transposed weights
+    (backward: 7) are dequantized; the routed GEMMs wait for the join (LoggedGemms checks)."""
+    log = _run_step(None, mxfp8=True).log
+    backgrounds = [kind for kind, bg in log if bg and not kind.startswith("routed")]
+    assert backgrounds == ["pull x_buffer", "pull d_y_buffer", "pull router weights"]
+    beside = [kind for kind, pending in log if kind == "routed dequantize" and pending]
+    assert len(beside) == 3 + 7
 
 
 def test_routed_wgrad_inputs_are_prepared_beside_the_push():
