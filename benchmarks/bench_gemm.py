@@ -114,7 +114,7 @@ def pass_gemms(timer: harness.Timer, rows, offs, gate_up, down, x, shared) -> di
         kernels["mok"] = (
             lambda: (cuda_gemm.linear(rows, [w_gate, w_up], counts),
                      cuda_gemm.linear(h_rows, [down], counts)),
-            lambda: (cuda_gemm.linear_transposed(d_y, down, counts, False),
+            lambda: (cuda_gemm.linear_transposed(d_y, down, counts, zero_rest=False),
                      cuda_gemm.linear_sum([(d_gate, w_gate), (d_up, w_up)], counts),
                      cuda_gemm.weight_grads([(d_gate, rows), (d_up, rows)], counts),
                      cuda_gemm.weight_grads([(d_y, h_rows)], counts)),

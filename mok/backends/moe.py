@@ -30,10 +30,10 @@ from __future__ import annotations
 from mok.backends import reference_experts as experts
 
 # Of the shared expert's GEMMs only the backward's hide exchanges. Its shared-expert phases
-# (data gradients beside the pulls, weight gradients beside the pushes) each take
-# ~6·T·H·I_s FLOPs, an exchange moves ~2·T·k·H bytes; at
-# H200's ~650 TFLOP/s and the ~650 GB/s a background exchange reached on a quarter of the SMs
-# (32 CTAs; since v5 it gets 64), the GEMMs outlast the exchange from I_s ≈ 330·k. Measured on
+# (data gradients beside the pulls, weight gradients beside the pushes) each take ~6·T·H·I_s
+# FLOPs, an exchange moves ~2·T·k·H bytes; at H200's ~650 TFLOP/s and the ~650 GB/s a
+# background exchange reached on a quarter of the SMs (32 CTAs; since v5 it gets 64), the GEMMs
+# outlast the exchange from I_s ≈ 330·k. Measured on
 # 2x H200 (benchmarks/NOTES.md v4, v5): the DSV4-Pro-like backward (I_s 3072, top-6) 0.2-0.8 ms
 # faster than in the foreground, the Qwen3.5-like one (I_s 1024, top-10) ~0.2 ms slower. The
 # forward's dispatch beside its shared expert gained nothing (+0.27 to -0.05 ms on 32 CTAs, -0.04
@@ -78,7 +78,7 @@ def forward(engine, x, shared, routed, schedule, limit, mxfp8: bool):
     shared_out = _shared_forward(engine, x, shared, limit)
     gemm = engine.routed_gemms(schedule, schedule[3].shape[0])
     # MXFP8: the dispatch runs in the background of the weights' dequantization (memory-bound
-    # work that needs nothing from it; 2x H200, EP 2: -0.1 to -0.3 ms, NOTES v8); BF16 has
+    # work that needs nothing from it; 2x H200, EP 2: -0.1 to -0.4 ms, NOTES v8); BF16 has
     # nothing to put beside it.
     x_rows = engine.pull("x_buffer", schedule, background=mxfp8, sync=(True, False))
     if mxfp8:
@@ -111,7 +111,7 @@ def backward(engine, d_y, shared, routed, saved, shared_saved, x, schedule, limi
     d_out_rows = engine.pull("d_y_buffer", schedule, background=background, sync=(True, False))
     rw_rows = engine.pull_router_weights(schedule, background=background, sync=(False, False))
     inputs = experts.mxfp8_backward_inputs(saved, routed, gemm) if mxfp8 else None
-    if not overlap:
+    if not overlap:  # the shared expert (if any) gets every SM; a no-op when nothing forked
         engine.join()
     (d_x_s, d_gate_s, d_up_s, d_hidden_s), shared_weight_grads = _shared_backward(
         engine, d_y, x, shared_saved, shared, limit
