@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "common/swiglu_math.cuh"
 #include "experts.h"
 
 namespace mok::experts {
@@ -52,16 +53,8 @@ __device__ bool past_used_rows(const int32_t* num_tokens, int64_t vectors, Outpu
   return true;
 }
 
-// torch's F.silu(x) = x / (1 + exp(-x)) and sigmoid(x) = 1 / (1 + exp(-x)), in fp32.
+// torch's sigmoid(x) = 1 / (1 + exp(-x)), in fp32.
 __device__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-
-__device__ float clamp_gate(float g, bool has_limit, float limit) {
-  return has_limit ? fminf(g, limit) : g;
-}
-
-__device__ float clamp_up(float u, bool has_limit, float limit) {
-  return has_limit ? fminf(fmaxf(u, -limit), limit) : u;
-}
 
 __global__ void swiglu_kernel(SwigluArgs args) {
   const int64_t row = blockIdx.x;
@@ -73,9 +66,7 @@ __global__ void swiglu_kernel(SwigluArgs args) {
     const Bf16x8 up = load8(args.up, index);
     Bf16x8 hidden;
     for (int i = 0; i < kVector; ++i) {
-      const float g = clamp_gate(gate.get(i), args.has_limit, args.limit);
-      const float u = clamp_up(up.get(i), args.has_limit, args.limit);
-      hidden.set(i, __fmul_rn(__fdiv_rn(g, 1.0f + expf(-g)), u));
+      hidden.set(i, swiglu_value(gate.get(i), up.get(i), args.has_limit, args.limit));
     }
     store8(args.hidden, index, hidden);
   }

@@ -1,11 +1,14 @@
-// MXFP8 quantize: bf16 [E, M, N] -> E4M3 data + swizzled E8M0 scales, normal and/or transposed.
+// MXFP8 quantize: bf16 [E, M, N] -> E4M3 data + swizzled E8M0 scales, normal and/or transposed,
+// and/or the values a GEMM reads for the normal layout (bf16, "rounded"); and the same fused
+// after a SwiGLU (gate, up -> hidden), which also quantizes gate and up on the way.
 //
-// One CTA owns one 128x128 tile of one expert, so every scale block and every 128x128 swizzled
-// scale tile is produced by exactly one CTA and the result does not depend on scheduling.
-// Memory traffic is 16-byte vectors throughout: each thread reads 2x16 B of a row (16 bf16) and
-// writes one 16 B vector of E4M3 bytes per layout. The transposed layout goes through shared
-// memory padded to an odd word pitch, which makes the column reads bank-conflict free.
-#include "common/mxfp8_math.cuh"
+// One kernel template serves both: a source policy produces each thread's row chunks of the
+// tile (loaded, or computed from gate and up), the template writes the layouts asked for. See
+// common/mxfp8_tile.cuh for the tile and thread layout. Fusing saves whole passes over the
+// routed rows: the rounded values replace a quantize + dequantize round trip through memory,
+// and the SwiGLU form reads gate and up once for four outputs.
+#include "common/mxfp8_tile.cuh"
+#include "common/swiglu_math.cuh"
 #include "mxfp8.h"
 
 #include <cstdint>
@@ -15,155 +18,136 @@ namespace mok::mxfp8 {
 // source file's absolute path, which would make the binary depend on where it was built.
 namespace detail {
 
-constexpr int kThreads = 256;
-constexpr int kChunk = 16;                        // bf16 elements per thread per row
-constexpr int kChunksPerRow = kTile / kChunk;     // 8 threads cover one tile row
-constexpr int kRowsPerPass = kThreads / kChunksPerRow;  // 32
-constexpr int kPasses = kTile / kRowsPerPass;     // 4
-constexpr int kWordsPerChunk = kChunk / 2;        // packed bf16 pairs
-constexpr int kPitch = kTile / 2 + 1;             // smem words per tile row; odd -> no conflicts
+using namespace tile;
 
 struct Params {
-  const uint16_t* x;
-  uint8_t* out;
-  uint8_t* scale;
-  uint8_t* out_t;
-  uint8_t* scale_t;
+  const uint16_t* x;     // LoadSource: bf16 [experts, rows, cols]
+  const uint16_t* gate;  // SwigluSource: bf16 [rows, cols] each
+  const uint16_t* up;
+  const int32_t* num_tokens;  // SwigluSource: rows at or past it have hidden = 0
+  bool has_limit;
+  float limit;
+  Pair normal;        // the result's normal layout
+  uint16_t* rounded;  // bf16 values of the normal layout
+  Pair transposed;
+  Pair gate_q;  // SwigluSource: gate and up, normal layout
+  Pair up_q;
+  const int32_t* used_rows;  // non-null: tiles at or past *used_rows are skipped
   int64_t rows;
   int64_t cols;
   int tiles_m;
   int tiles_n;
 };
 
-struct Tile {
-  int64_t expert;
-  int64_t m0;  // first row of the tile
-  int64_t n0;  // first column of the tile
-  int m_tile;
-  int n_tile;
+// Element offset of (row, chunk) of tile t in an [experts, rows, cols] tensor.
+__device__ __forceinline__ int64_t chunk_offset(const Params& p, const Tile& t, int row,
+                                                int chunk) {
+  return (t.expert * p.rows + t.m0 + row) * p.cols + t.n0 + chunk * kChunk;
+}
+
+// Scale tile index of tile t in the normal layout of an [experts, rows, cols] tensor.
+__device__ __forceinline__ int64_t normal_scale_tile(const Params& p, const Tile& t) {
+  return (t.expert * p.tiles_m + t.m_tile) * p.tiles_n + t.n_tile;
+}
+
+// The tile's rows as they are in x. Every load is issued before any is used: 8 x 16 B in
+// flight per thread.
+struct LoadSource {
+  struct Shared {};
+  uint32_t w[kPasses][kWordsPerChunk];
+
+  __device__ LoadSource(const Params& p, const Tile& t, int row0, int chunk) {
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
+      load_chunk(p.x + chunk_offset(p, t, pass * kRowsPerPass + row0, chunk), w[pass]);
+    }
+  }
+
+  __device__ void chunk(const Params&, const Tile&, int pass, int, int,
+                        uint32_t (&out)[kWordsPerChunk], Shared&) {
+#pragma unroll
+    for (int i = 0; i < kWordsPerChunk; ++i) out[i] = w[pass][i];
+  }
+
+  __device__ void store_scales(const Params&, const Tile&, const Shared&, int, int) {}
 };
 
-__device__ __forceinline__ Tile locate_tile(const Params& p) {
-  const int64_t id = blockIdx.x;
-  Tile t;
-  t.n_tile = static_cast<int>(id % p.tiles_n);
-  t.m_tile = static_cast<int>((id / p.tiles_n) % p.tiles_m);
-  t.expert = id / (static_cast<int64_t>(p.tiles_n) * p.tiles_m);
-  t.m0 = static_cast<int64_t>(t.m_tile) * kTile;
-  t.n0 = static_cast<int64_t>(t.n_tile) * kTile;
-  return t;
-}
+// hidden = bf16(silu(min(gate, L)) * clamp(up, -L, L)), as the SwiGLU kernel rounds it, with
+// gate and up quantized (normal layout) from the same registers. 16 x 16 B loads per thread.
+struct SwigluSource {
+  struct Shared {
+    alignas(16) uint8_t gate_scale[kTileScaleBytes];
+    alignas(16) uint8_t up_scale[kTileScaleBytes];
+  };
+  uint32_t g[kPasses][kWordsPerChunk];
+  uint32_t u[kPasses][kWordsPerChunk];
 
-__device__ __forceinline__ uint4 load16(const void* ptr) {
-  return __ldg(reinterpret_cast<const uint4*>(ptr));
-}
-
-__device__ __forceinline__ void store16(void* ptr, uint4 value) {
-  *reinterpret_cast<uint4*>(ptr) = value;
-}
-
-// Quantizes 16 bf16 values, element(i) for i < 16, with inverse scale `inv` into 16 E4M3 bytes.
-template <typename Element>
-__device__ __forceinline__ uint4 quantize16(Element element, float inv) {
-  uint32_t packed[4];
+  __device__ SwigluSource(const Params& p, const Tile& t, int row0, int chunk) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    packed[i] = to_e4m3x4(element(4 * i) * inv, element(4 * i + 1) * inv,
-                          element(4 * i + 2) * inv, element(4 * i + 3) * inv);
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const int64_t offset = chunk_offset(p, t, pass * kRowsPerPass + row0, chunk);
+      load_chunk(p.gate + offset, g[pass]);
+      load_chunk(p.up + offset, u[pass]);
+    }
   }
-  return make_uint4(packed[0], packed[1], packed[2], packed[3]);
-}
 
-// Element i of a row chunk held as 8 packed words (the normal layout).
-struct RowElement {
-  const uint32_t (&w)[kWordsPerChunk];
-  __device__ float operator()(int i) const {
-    return (i & 1) ? bf16_hi(w[i / 2]) : bf16_lo(w[i / 2]);
+  __device__ void chunk(const Params& p, const Tile& t, int pass, int row, int chunk,
+                        uint32_t (&out)[kWordsPerChunk], Shared& s) {
+    const bool used = t.m0 + row < *p.num_tokens;
+#pragma unroll
+    for (int i = 0; i < kWordsPerChunk; ++i) {
+      const float lo = swiglu_value(bf16_lo(g[pass][i]), bf16_lo(u[pass][i]), p);
+      const float hi = swiglu_value(bf16_hi(g[pass][i]), bf16_hi(u[pass][i]), p);
+      const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+      out[i] = used ? *reinterpret_cast<const uint32_t*>(&h) : 0u;
+    }
+    const int64_t offset = chunk_offset(p, t, row, chunk);
+    store_row_chunk(p.gate_q, offset, row, chunk, quantize_row_chunk(g[pass]), s.gate_scale);
+    store_row_chunk(p.up_q, offset, row, chunk, quantize_row_chunk(u[pass]), s.up_scale);
+  }
+
+  // After the block's barrier: warps 2 and 3 write gate's and up's scale tiles.
+  __device__ void store_scales(const Params& p, const Tile& t, const Shared& s, int warp,
+                               int lane) {
+    const int64_t tile = normal_scale_tile(p, t) * kTileScaleBytes;
+    if (warp == 2) tile::store_scales(p.gate_q.scale + tile, s.gate_scale, lane);
+    if (warp == 3) tile::store_scales(p.up_q.scale + tile, s.up_scale, lane);
+  }
+
+ private:
+  __device__ static float swiglu_value(float gate, float up, const Params& p) {
+    return experts::swiglu_value(gate, up, p.has_limit, p.limit);
   }
 };
 
-// Element i of one column of 16 words read down a column pair (hi: the odd column).
-struct ColumnElement {
-  const uint32_t (&w)[kChunk];
-  bool hi;
-  __device__ float operator()(int i) const { return hi ? bf16_hi(w[i]) : bf16_lo(w[i]); }
-};
-
-// Normal layout for one 16-element row chunk: block amax over the 2 threads of a 32-block.
-__device__ __forceinline__ void quantize_row_chunk(const Params& p, const Tile& t, int row,
-                                                   int chunk, uint32_t (&w)[kWordsPerChunk],
-                                                   uint8_t* s_scale) {
-  uint32_t amax2 = 0;
-#pragma unroll
-  for (int i = 0; i < kWordsPerChunk; ++i) w[i] = scan_pair(w[i], amax2);
-  amax2 = __vmaxu2(amax2, __shfl_xor_sync(0xffffffffu, amax2, 1));
-  const uint32_t amax = max(amax2 & 0xffffu, amax2 >> 16);
-  const int e = scale_exponent(amax);
-  const int64_t offset = (t.expert * p.rows + t.m0 + row) * p.cols + t.n0 + chunk * kChunk;
-  store16(p.out + offset, quantize16(RowElement{w}, inverse_scale(e)));
-  if ((chunk & 1) == 0) s_scale[swizzled_scale_offset(row, chunk / 2)] = e + kMaxExponent;
-}
-
-// Transposed layout: lane owns column pair `pair` (output rows 2*pair, 2*pair+1) and rows
-// [16*c, 16*c + 16) of the tile; its partner lane (lane ^ 16) holds the other half of the block.
-__device__ __forceinline__ void quantize_column_chunk(const Params& p, const Tile& t, int pair,
-                                                      int c, const uint32_t* s_tile,
-                                                      uint8_t* s_scale_t) {
-  uint32_t w[kChunk];
-  uint32_t amax2 = 0;
-#pragma unroll
-  for (int i = 0; i < kChunk; ++i) {
-    w[i] = scan_pair(s_tile[(c * kChunk + i) * kPitch + pair], amax2);
-  }
-  amax2 = __vmaxu2(amax2, __shfl_xor_sync(0xffffffffu, amax2, 16));
-  const int e_lo = scale_exponent(amax2 & 0xffffu);
-  const int e_hi = scale_exponent(amax2 >> 16);
-  const int64_t base = (t.expert * p.cols + t.n0 + 2 * pair) * p.rows + t.m0 + c * kChunk;
-  store16(p.out_t + base, quantize16(ColumnElement{w, false}, inverse_scale(e_lo)));
-  store16(p.out_t + base + p.rows, quantize16(ColumnElement{w, true}, inverse_scale(e_hi)));
-  if ((c & 1) == 0) {
-    s_scale_t[swizzled_scale_offset(2 * pair, c / 2)] = e_lo + kMaxExponent;
-    s_scale_t[swizzled_scale_offset(2 * pair + 1, c / 2)] = e_hi + kMaxExponent;
-  }
-}
-
-// Writes one tile's 512 staged scale bytes with 32 x 16-byte stores.
-__device__ __forceinline__ void store_scales(uint8_t* dst, const uint8_t* s_scale, int lane) {
-  store16(dst + lane * 16, *reinterpret_cast<const uint4*>(s_scale + lane * 16));
-}
-
-template <bool kNormal, bool kTransposed>
+template <class Source, bool kNormal, bool kRounded, bool kTransposed>
 __global__ void __launch_bounds__(kThreads) quantize_kernel(const Params p) {
   __shared__ uint32_t s_tile[kTransposed ? kTile * kPitch : 1];
   __shared__ alignas(16) uint8_t s_scale[kTileScaleBytes];
   __shared__ alignas(16) uint8_t s_scale_t[kTileScaleBytes];
+  __shared__ typename Source::Shared s_source;
 
-  const Tile t = locate_tile(p);
+  const Tile t = locate_tile(p.tiles_m, p.tiles_n);
+  if (p.used_rows != nullptr && t.m0 >= *p.used_rows) return;  // the whole CTA leaves
   const int chunk = threadIdx.x % kChunksPerRow;
   const int row0 = threadIdx.x / kChunksPerRow;
-
-  // Issue every load of the tile before using any of it: 8 x 16 B in flight per thread.
-  uint32_t w[kPasses][kWordsPerChunk];
-#pragma unroll
-  for (int pass = 0; pass < kPasses; ++pass) {
-    const int row = pass * kRowsPerPass + row0;
-    const uint16_t* src = p.x + (t.expert * p.rows + t.m0 + row) * p.cols + t.n0 + chunk * kChunk;
-    const uint4 a = load16(src);
-    const uint4 b = load16(src + 8);
-    const uint32_t v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
-    for (int i = 0; i < 8; ++i) w[pass][i] = v[i];
-  }
+  Source source(p, t, row0, chunk);
 
 #pragma unroll
   for (int pass = 0; pass < kPasses; ++pass) {
     const int row = pass * kRowsPerPass + row0;
-    if constexpr (kNormal) quantize_row_chunk(p, t, row, chunk, w[pass], s_scale);
+    uint32_t w[kWordsPerChunk];
+    source.chunk(p, t, pass, row, chunk, w, s_source);
     if constexpr (kTransposed) {
+      uint32_t* staged = s_tile + row * kPitch + chunk * kWordsPerChunk;
 #pragma unroll
-      for (int i = 0; i < kWordsPerChunk; ++i) {
-        s_tile[row * kPitch + chunk * kWordsPerChunk + i] = w[pass][i];
-      }
+      for (int i = 0; i < kWordsPerChunk; ++i) staged[i] = w[i];
+    }
+    if constexpr (kNormal || kRounded) {
+      const RowChunk q = quantize_row_chunk(w);
+      const int64_t offset = chunk_offset(p, t, row, chunk);
+      if constexpr (kNormal) store_row_chunk(p.normal, offset, row, chunk, q, s_scale);
+      if constexpr (kRounded) store_rounded_chunk(p.rounded + offset, q);
     }
   }
   __syncthreads();
@@ -171,54 +155,91 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const Params p) {
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if constexpr (kTransposed) {
+    uint8_t* out = p.transposed.data + (t.expert * p.cols + t.n0) * p.rows + t.m0;
     // 16 warp tasks per tile: 4 groups of 16 column pairs x 4 blocks of 32 rows.
 #pragma unroll
     for (int task = warp; task < 16; task += kThreads / 32) {
       const int pair = (task % 4) * 16 + lane % 16;
       const int c = (task / 4) * 2 + lane / 16;
-      quantize_column_chunk(p, t, pair, c, s_tile, s_scale_t);
+      quantize_column_chunk(out, p.rows, pair, c, s_tile, s_scale_t);
     }
     __syncthreads();
   }
 
   if (kNormal && warp == 0) {
-    const int64_t tile = (t.expert * p.tiles_m + t.m_tile) * p.tiles_n + t.n_tile;
-    store_scales(p.scale + tile * kTileScaleBytes, s_scale, lane);
+    store_scales(p.normal.scale + normal_scale_tile(p, t) * kTileScaleBytes, s_scale, lane);
   }
   if (kTransposed && warp == 1) {
     const int64_t tile = (t.expert * p.tiles_n + t.n_tile) * p.tiles_m + t.m_tile;
-    store_scales(p.scale_t + tile * kTileScaleBytes, s_scale_t, lane);
+    store_scales(p.transposed.scale + tile * kTileScaleBytes, s_scale_t, lane);
+  }
+  source.store_scales(p, t, s_source, warp, lane);
+}
+
+template <class Source, bool kNormal, bool kRounded, bool kTransposed>
+cudaError_t launch(const Params& p, int64_t tiles, cudaStream_t stream) {
+  quantize_kernel<Source, kNormal, kRounded, kTransposed>
+      <<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+// The load-source kernel for the layouts asked for (at least one).
+cudaError_t launch_layouts(const Params& p, int64_t tiles, cudaStream_t stream) {
+  const int layouts = (p.normal.data ? 1 : 0) | (p.rounded ? 2 : 0) | (p.transposed.data ? 4 : 0);
+  switch (layouts) {
+    case 1: return launch<LoadSource, true, false, false>(p, tiles, stream);
+    case 2: return launch<LoadSource, false, true, false>(p, tiles, stream);
+    case 3: return launch<LoadSource, true, true, false>(p, tiles, stream);
+    case 4: return launch<LoadSource, false, false, true>(p, tiles, stream);
+    case 5: return launch<LoadSource, true, false, true>(p, tiles, stream);
+    case 6: return launch<LoadSource, false, true, true>(p, tiles, stream);
+    case 7: return launch<LoadSource, true, true, true>(p, tiles, stream);
+    default: return cudaSuccess;
   }
 }
 
-template <bool kNormal, bool kTransposed>
-cudaError_t launch(const Params& p, int64_t tiles, cudaStream_t stream) {
-  quantize_kernel<kNormal, kTransposed>
-      <<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+Params tiled(int64_t rows, int64_t cols) {
+  Params p{};
+  p.rows = rows;
+  p.cols = cols;
+  p.tiles_m = static_cast<int>(rows / kTile);
+  p.tiles_n = static_cast<int>(cols / kTile);
+  return p;
+}
+
+Pair pair(void* data, void* scale) {
+  return {static_cast<uint8_t*>(data), static_cast<uint8_t*>(scale)};
 }
 
 }  // namespace detail
 
 cudaError_t launch_quantize(const QuantizeArgs& args, cudaStream_t stream) {
-  detail::Params p;
+  detail::Params p = detail::tiled(args.rows, args.cols);
   p.x = static_cast<const uint16_t*>(args.x);
-  p.out = static_cast<uint8_t*>(args.out);
-  p.scale = static_cast<uint8_t*>(args.scale);
-  p.out_t = static_cast<uint8_t*>(args.out_t);
-  p.scale_t = static_cast<uint8_t*>(args.scale_t);
-  p.rows = args.rows;
-  p.cols = args.cols;
-  p.tiles_m = static_cast<int>(args.rows / kTile);
-  p.tiles_n = static_cast<int>(args.cols / kTile);
+  p.normal = detail::pair(args.out, args.scale);
+  p.rounded = static_cast<uint16_t*>(args.rounded);
+  p.transposed = detail::pair(args.out_t, args.scale_t);
+  p.used_rows = args.used_rows;
   const int64_t tiles = args.experts * p.tiles_m * p.tiles_n;
   if (tiles == 0) return cudaSuccess;
-  const bool normal = args.out != nullptr;
-  const bool transposed = args.out_t != nullptr;
-  if (normal && transposed) return detail::launch<true, true>(p, tiles, stream);
-  if (normal) return detail::launch<true, false>(p, tiles, stream);
-  if (transposed) return detail::launch<false, true>(p, tiles, stream);
-  return cudaSuccess;
+  return detail::launch_layouts(p, tiles, stream);
+}
+
+cudaError_t launch_swiglu_quantize(const SwigluQuantizeArgs& args, cudaStream_t stream) {
+  detail::Params p = detail::tiled(args.rows, args.inter);
+  p.gate = static_cast<const uint16_t*>(args.gate);
+  p.up = static_cast<const uint16_t*>(args.up);
+  p.num_tokens = args.num_tokens;
+  p.has_limit = args.has_limit;
+  p.limit = args.limit;
+  p.rounded = static_cast<uint16_t*>(args.hidden_rounded);
+  p.transposed = detail::pair(args.hidden_t, args.hidden_scale_t);
+  p.gate_q = detail::pair(args.gate_q, args.gate_scale);
+  p.up_q = detail::pair(args.up_q, args.up_scale);
+  p.used_rows = args.used_rows;
+  const int64_t tiles = static_cast<int64_t>(p.tiles_m) * p.tiles_n;
+  if (tiles == 0) return cudaSuccess;
+  return detail::launch<detail::SwigluSource, false, true, true>(p, tiles, stream);
 }
 
 }  // namespace mok::mxfp8

@@ -13,13 +13,18 @@ namespace mok::mxfp8 {
 // Normal outputs: out fp8 [experts, rows, cols], scale uint8 [experts*rows/128, cols/128, 32, 16].
 // Transposed outputs: out_t fp8 [experts, cols, rows],
 //                     scale_t uint8 [experts*cols/128, rows/128, 32, 16].
-// A null out/scale pair skips that layout.
+// Rounded output: rounded bf16 [experts, rows, cols] = the normal layout's values as
+// launch_dequantize computes them, without storing that layout. A null out/scale pair (or
+// rounded) skips that output. used_rows (device int32 [1], or null for all rows): 128-row tiles
+// at or past *used_rows write nothing (routed rows past the schedule's are never read).
 struct QuantizeArgs {
   const void* x = nullptr;
   void* out = nullptr;
   void* scale = nullptr;
   void* out_t = nullptr;
   void* scale_t = nullptr;
+  void* rounded = nullptr;
+  const int32_t* used_rows = nullptr;
   int64_t experts = 0;
   int64_t rows = 0;
   int64_t cols = 0;
@@ -27,6 +32,31 @@ struct QuantizeArgs {
 
 // Enqueues the kernel on `stream`; returns the launch status (never synchronises).
 cudaError_t launch_quantize(const QuantizeArgs& args, cudaStream_t stream);
+
+// The MXFP8 forward's SwiGLU step in one pass over gate and up (bf16 [rows, inter]):
+//   hidden = bf16(silu(min(gate, L)) * clamp(up, -L, L)) for rows < *num_tokens, 0 after (as
+//   the SwiGLU kernel writes it), stored as its rounded values (normal layout) and its
+//   transposed pair [inter, rows]; gate and up quantized in the normal layout. Every output is
+//   bit for bit what the SwiGLU kernel followed by launch_quantize would write.
+struct SwigluQuantizeArgs {
+  const void* gate = nullptr;
+  const void* up = nullptr;
+  void* hidden_rounded = nullptr;  // bf16 [rows, inter]
+  void* hidden_t = nullptr;        // fp8 [inter, rows]
+  void* hidden_scale_t = nullptr;  // uint8 [inter/128, rows/128, 32, 16]
+  void* gate_q = nullptr;          // fp8 [rows, inter]
+  void* gate_scale = nullptr;      // uint8 [rows/128, inter/128, 32, 16]
+  void* up_q = nullptr;
+  void* up_scale = nullptr;
+  const int32_t* num_tokens = nullptr;  // device [1]
+  const int32_t* used_rows = nullptr;   // as in QuantizeArgs
+  int64_t rows = 0;   // a multiple of 128
+  int64_t inter = 0;  // a multiple of 128
+  bool has_limit = false;
+  float limit = 0.0f;
+};
+
+cudaError_t launch_swiglu_quantize(const SwigluQuantizeArgs& args, cudaStream_t stream);
 
 // out (bf16 [rows, cols]) = bf16(e4m3 data * 2^(scale byte - 127)), the fp32 product rounded to
 // nearest even: what a bf16 GEMM reads for MXFP8 operands (exact wherever bf16 can hold it).

@@ -17,12 +17,6 @@ namespace dequantize_detail {
 
 constexpr int kPerThread = 16;
 
-// 2^(byte - 127) as an fp32 (byte 0 is the subnormal 2^-127; 255 is E8M0's NaN).
-__device__ __forceinline__ float scale_value(uint32_t byte) {
-  if (byte == 255u) return __uint_as_float(0x7fc00000u);
-  return byte > 0 ? __uint_as_float(byte << 23) : __uint_as_float(0x00400000u);
-}
-
 // The scale of element (row, col).
 __device__ __forceinline__ float scale_at(const DequantizeArgs& args, int64_t row, int64_t col) {
   const int64_t block = col / kBlock;  // scale block along the row

@@ -43,14 +43,8 @@ inline bool check_pair(const char* data, uintptr_t data_ptr, const char* scale,
   return data_ptr != 0;
 }
 
-inline void mxfp8_quantize(uintptr_t x, uintptr_t out, uintptr_t scale, uintptr_t out_t,
-                           uintptr_t scale_t, int64_t experts, int64_t rows, int64_t cols,
-                           uintptr_t stream) {
-  require(x != 0, "`x` must be a device address, got 0");
-  check_pointer("x", x);
-  const bool normal = check_pair("out", out, "scale", scale);
-  const bool transposed = check_pair("out_t", out_t, "scale_t", scale_t);
-  require(normal || transposed, "at least one of `out` and `out_t` must be given");
+// rows x cols tiles of `experts` matrices, within what one launch's grid can hold.
+inline void check_tiles(int64_t experts, int64_t rows, int64_t cols) {
   require(experts >= 1, "`experts` must be >= 1, got " + std::to_string(experts));
   check_extent("rows", rows, mxfp8::kTile);
   check_extent("cols", cols, mxfp8::kTile);
@@ -59,6 +53,25 @@ inline void mxfp8_quantize(uintptr_t x, uintptr_t out, uintptr_t scale, uintptr_
               experts <= std::numeric_limits<int32_t>::max() / tiles_per_expert,
           "too many 128x128 tiles for one launch: experts=" + std::to_string(experts) +
               ", rows=" + std::to_string(rows) + ", cols=" + std::to_string(cols));
+}
+
+// An optional device int32 count (0 = none).
+inline const int32_t* optional_count(const char* name, uintptr_t address) {
+  if (address != 0) checks::address(name, address, 4);
+  return reinterpret_cast<const int32_t*>(address);
+}
+
+inline void mxfp8_quantize(uintptr_t x, uintptr_t out, uintptr_t scale, uintptr_t out_t,
+                           uintptr_t scale_t, uintptr_t rounded, uintptr_t used_rows,
+                           int64_t experts, int64_t rows, int64_t cols, uintptr_t stream) {
+  require(x != 0, "`x` must be a device address, got 0");
+  check_pointer("x", x);
+  const bool normal = check_pair("out", out, "scale", scale);
+  const bool transposed = check_pair("out_t", out_t, "scale_t", scale_t);
+  check_pointer("rounded", rounded);
+  require(normal || transposed || rounded != 0,
+          "at least one of `out`, `out_t` and `rounded` must be given");
+  check_tiles(experts, rows, cols);
 
   mxfp8::QuantizeArgs args;
   args.x = reinterpret_cast<const void*>(x);
@@ -66,11 +79,44 @@ inline void mxfp8_quantize(uintptr_t x, uintptr_t out, uintptr_t scale, uintptr_
   args.scale = reinterpret_cast<void*>(scale);
   args.out_t = reinterpret_cast<void*>(out_t);
   args.scale_t = reinterpret_cast<void*>(scale_t);
+  args.rounded = reinterpret_cast<void*>(rounded);
+  args.used_rows = optional_count("used_rows", used_rows);
   args.experts = experts;
   args.rows = rows;
   args.cols = cols;
   check_cuda(mxfp8::launch_quantize(args, reinterpret_cast<cudaStream_t>(stream)),
              "mxfp8_quantize kernel launch");
+}
+
+inline void mxfp8_swiglu_quantize(uintptr_t gate, uintptr_t up, uintptr_t hidden_rounded,
+                                  uintptr_t hidden_t, uintptr_t hidden_scale_t, uintptr_t gate_q,
+                                  uintptr_t gate_scale, uintptr_t up_q, uintptr_t up_scale,
+                                  uintptr_t num_tokens, uintptr_t used_rows, int64_t rows,
+                                  int64_t inter, bool has_limit, float limit, uintptr_t stream) {
+  check_tiles(1, rows, inter);
+  const auto buffer = [](const char* name, uintptr_t address) {
+    checks::address(name, address, 16);
+    return reinterpret_cast<void*>(address);
+  };
+  mxfp8::SwigluQuantizeArgs args;
+  args.gate = buffer("gate", gate);
+  args.up = buffer("up", up);
+  args.hidden_rounded = buffer("hidden_rounded", hidden_rounded);
+  args.hidden_t = buffer("hidden_t", hidden_t);
+  args.hidden_scale_t = buffer("hidden_scale_t", hidden_scale_t);
+  args.gate_q = buffer("gate_q", gate_q);
+  args.gate_scale = buffer("gate_scale", gate_scale);
+  args.up_q = buffer("up_q", up_q);
+  args.up_scale = buffer("up_scale", up_scale);
+  checks::address("num_tokens", num_tokens, 4);
+  args.num_tokens = reinterpret_cast<const int32_t*>(num_tokens);
+  args.used_rows = optional_count("used_rows", used_rows);
+  args.rows = rows;
+  args.inter = inter;
+  args.has_limit = has_limit;
+  args.limit = limit;
+  check_cuda(mxfp8::launch_swiglu_quantize(args, reinterpret_cast<cudaStream_t>(stream)),
+             "mxfp8_swiglu_quantize kernel launch");
 }
 
 inline void mxfp8_dequantize(uintptr_t data, uintptr_t scale, uintptr_t out, int64_t rows,
@@ -98,16 +144,27 @@ inline void mxfp8_dequantize(uintptr_t data, uintptr_t scale, uintptr_t out, int
 
 inline void bind_mxfp8(py::module_& m) {
   m.def("mxfp8_quantize", &mxfp8_quantize, py::arg("x"), py::arg("out"), py::arg("scale"),
-        py::arg("out_t"), py::arg("scale_t"), py::arg("experts"), py::arg("rows"),
-        py::arg("cols"), py::arg("stream"),
+        py::arg("out_t"), py::arg("scale_t"), py::arg("rounded"), py::arg("used_rows"),
+        py::arg("experts"), py::arg("rows"), py::arg("cols"), py::arg("stream"),
         R"doc(Quantize bf16 [experts, rows, cols] to MXFP8 on `stream` (asynchronous).
 
 All buffers are device addresses (0 = layout not wanted), contiguous, 16-byte aligned:
   x        bf16  [experts, rows, cols]
   out      fp8   [experts, rows, cols]       scale    uint8 [experts*rows/128, cols/128, 32, 16]
   out_t    fp8   [experts, cols, rows]       scale_t  uint8 [experts*cols/128, rows/128, 32, 16]
+  rounded  bf16  [experts, rows, cols]: the normal layout's values, bf16(e4m3 * 2^(scale-127))
+used_rows: 0, or an int32 [1] on the device; 128-row tiles at or past it write nothing.
 rows and cols must be multiples of 128. Raises ValueError for bad arguments and RuntimeError
 for a CUDA error.)doc");
+  m.def("mxfp8_swiglu_quantize", &mxfp8_swiglu_quantize, py::arg("gate"), py::arg("up"),
+        py::arg("hidden_rounded"), py::arg("hidden_t"), py::arg("hidden_scale_t"),
+        py::arg("gate_q"), py::arg("gate_scale"), py::arg("up_q"), py::arg("up_scale"),
+        py::arg("num_tokens"), py::arg("used_rows"), py::arg("rows"), py::arg("inter"),
+        py::arg("has_limit"), py::arg("limit"), py::arg("stream"),
+        R"doc(The MXFP8 forward's SwiGLU in one pass: from bf16 gate and up [rows, inter],
+hidden = swiglu(gate, up) (0 for rows >= *num_tokens) as its rounded bf16 values and its
+transposed pair, and gate and up quantized (normal layout); bit for bit the swiglu kernel
+followed by mxfp8_quantize. rows and inter multiples of 128, addresses 16-byte aligned.)doc");
   m.def("mxfp8_dequantize", &mxfp8_dequantize, py::arg("data"), py::arg("scale"), py::arg("out"),
         py::arg("rows"), py::arg("cols"), py::arg("transposed"), py::arg("experts"), py::arg("stream"),
         R"doc(MXFP8 -> bf16 on `stream`: out = bf16(data * 2^(scale - 127)), rounded to nearest even.

@@ -55,6 +55,13 @@ __device__ __forceinline__ float inverse_scale(int e) {
                     : __uint_as_float(0x00400000u);
 }
 
+// 2^(byte - 127) as an fp32, the value of an E8M0 scale byte (byte 0 is the subnormal 2^-127;
+// 255 is E8M0's NaN).
+__device__ __forceinline__ float scale_value(uint32_t byte) {
+  if (byte == 255u) return __uint_as_float(0x7fc00000u);
+  return byte > 0 ? __uint_as_float(byte << 23) : __uint_as_float(0x00400000u);
+}
+
 // The low / high bf16 of a packed pair as fp32 (exact: bf16 is the top half of an fp32).
 __device__ __forceinline__ float bf16_lo(uint32_t word) { return __uint_as_float(word << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t word) {

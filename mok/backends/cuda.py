@@ -11,6 +11,7 @@ import torch
 
 from mok import _extension
 from mok import mxfp8 as mxfp8_format
+from mok._checks import check_tensor
 
 
 def available(device: torch.device | int | str | None = None) -> bool:
@@ -38,25 +39,49 @@ def mxfp8_quantize(
     asked for is `(None, None)`. NotImplementedError if no module serves the device.
     """
     mxfp8_format._check_flags(return_normal, return_transposed)
+    x_fp8, x_sc, x_fp8_t, x_sc_t, _ = _quantize(x, return_normal, return_transposed, False, None)
+    return x_fp8, x_sc, x_fp8_t, x_sc_t
+
+
+def mxfp8_round(x: torch.Tensor, transposed: bool = False, used_rows: torch.Tensor | None = None):
+    """(values, pair_t) in one pass over bf16 `x` [M, N]: `values` bf16 [M, N] are what a GEMM
+    reads for x's normal MXFP8 layout, i.e. `mxfp8_dequantize(*mxfp8_quantize(x)[:2])` bit for
+    bit without storing that layout; `pair_t` is x's transposed (fp8, scale) pair, or None.
+
+    `used_rows` (int32 [1] on the device, the schedule's `num_tokens`): 128-row tiles at or past
+    it are left unwritten in every output, for routed rows, which nothing reads past it.
+    """
+    *_, data_t, scale_t, values = _quantize(x, False, transposed, True, used_rows)
+    return values, ((data_t, scale_t) if transposed else None)
+
+
+def mxfp8_layout(shape: tuple[int, ...], device: torch.device):
+    """An empty (fp8 data, swizzled scales) pair for a [.., R, C] matrix, blocks along C."""
+    *batch, rows, cols = shape
+    experts = batch[0] if batch else 1
+    data = torch.empty(shape, dtype=torch.float8_e4m3fn, device=device)
+    scale = torch.empty(
+        (experts * rows // 128, cols // 128, 32, 16), dtype=torch.uint8, device=device
+    )
+    return data, scale
+
+
+def _quantize(x, normal: bool, transposed: bool, rounded: bool, used_rows):
     mxfp8_format._check_matrix("x", x, torch.bfloat16)
     if not x.is_cuda:
         raise ValueError(f"`x` must be on a CUDA device, got {x.device}")
+    if used_rows is not None:
+        check_tensor("used_rows", used_rows, dtype=torch.int32, shape=[1], device=x.device)
     _extension.module_for_device(x.device)  # NotImplementedError before any allocation
     x = _extension.aligned(x)
     *batch, rows, cols = x.shape
     experts = batch[0] if batch else 1
-
-    def layout(r: int, c: int) -> tuple[torch.Tensor, torch.Tensor]:
-        data = torch.empty((*batch, r, c), dtype=torch.float8_e4m3fn, device=x.device)
-        scale = torch.empty(
-            (experts * r // 128, c // 128, 32, 16), dtype=torch.uint8, device=x.device
-        )
-        return data, scale
-
-    x_fp8, x_sc = layout(rows, cols) if return_normal else (None, None)
-    x_fp8_t, x_sc_t = layout(cols, rows) if return_transposed else (None, None)
+    x_fp8, x_sc = mxfp8_layout(x.shape, x.device) if normal else (None, None)
+    t_shape = (*batch, cols, rows)
+    x_fp8_t, x_sc_t = mxfp8_layout(t_shape, x.device) if transposed else (None, None)
+    values = torch.empty_like(x) if rounded else None
     if experts == 0:
-        return x_fp8, x_sc, x_fp8_t, x_sc_t  # nothing to launch (and no valid address to pass)
+        return x_fp8, x_sc, x_fp8_t, x_sc_t, values  # nothing to launch (no valid address)
     _extension.launch(
         x.device,
         "mxfp8_quantize",
@@ -65,11 +90,13 @@ def mxfp8_quantize(
         scale=_address(x_sc),
         out_t=_address(x_fp8_t),
         scale_t=_address(x_sc_t),
+        rounded=_address(values),
+        used_rows=_address(used_rows),
         experts=experts,
         rows=rows,
         cols=cols,
     )
-    return x_fp8, x_sc, x_fp8_t, x_sc_t
+    return x_fp8, x_sc, x_fp8_t, x_sc_t, values
 
 
 def mxfp8_dequantize(

@@ -10,6 +10,7 @@ import torch
 
 from mok import _extension
 from mok._checks import check_tensor
+from mok.backends import cuda
 
 _BF16 = torch.bfloat16
 
@@ -56,6 +57,40 @@ def swiglu(gate, up, num_tokens: torch.Tensor, limit: float | None) -> torch.Ten
     tensors = {"gate": gate, "up": up, "hidden": hidden, "num_tokens": num_tokens}
     _launch("swiglu", tensors, rows=gate.shape[0], inter=gate.shape[1], **_limit(limit))
     return hidden
+
+
+def swiglu_mxfp8(gate, up, num_tokens: torch.Tensor, limit: float | None):
+    """The MXFP8 forward's SwiGLU step in one pass over bf16 gate and up [R, I] (R and I
+    multiples of 128): (hidden's rounded values bf16 [R, I], hidden's transposed pair, gate's
+    and up's normal pairs), bit for bit `swiglu` followed by `cuda.mxfp8_round(hidden, True)`
+    and `cuda.mxfp8_quantize` of gate and up, in one read of gate and up instead of four."""
+    inter = gate.shape[-1] if isinstance(gate, torch.Tensor) else None
+    _check_rows({"gate": gate, "up": up, "num_tokens": num_tokens}, [inter], "R I")
+    rows, device = gate.shape[0], gate.device
+    if rows % 128 or inter % 128:
+        shape = [rows, inter]
+        raise ValueError(f"`gate` must be [R, I] with R and I multiples of 128 (MXFP8 tiles), "
+                         f"got {shape}")  # fmt: skip
+    gate, up = _bf16(gate), _bf16(up)
+    hidden = torch.empty_like(gate)
+    hidden_t = cuda.mxfp8_layout((inter, rows), device)
+    gate_q, up_q = cuda.mxfp8_layout(gate.shape, device), cuda.mxfp8_layout(gate.shape, device)
+    tensors = {
+        "gate": gate,
+        "up": up,
+        "hidden_rounded": hidden,
+        "hidden_t": hidden_t[0],
+        "hidden_scale_t": hidden_t[1],
+        "gate_q": gate_q[0],
+        "gate_scale": gate_q[1],
+        "up_q": up_q[0],
+        "up_scale": up_q[1],
+        "num_tokens": num_tokens,
+    }
+    if rows:
+        _launch("mxfp8_swiglu_quantize", tensors, used_rows=0, rows=rows, inter=inter,
+                **_limit(limit))  # fmt: skip
+    return hidden, hidden_t, gate_q, up_q
 
 
 def swiglu_backward(d_h, router_weight, gate, up, hidden, num_tokens, limit: float | None):

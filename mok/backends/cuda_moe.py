@@ -24,7 +24,23 @@ from mok.workspace import MoKWorkspace, workspace_owning
 _F32 = torch.float32
 
 
-class GroupedGemms(ExpertEngine):
+class CudaMxfp8:
+    """The MXFP8 steps on the extension's kernels: bf16 values (what the GEMMs read), each
+    rounding in one pass (mok.backends.cuda.mxfp8_round) instead of a quantize + dequantize."""
+
+    quantize = staticmethod(cuda.mxfp8_quantize)
+    dequantize = staticmethod(cuda.mxfp8_dequantize)
+
+    @staticmethod
+    def mx_round(t: torch.Tensor) -> torch.Tensor:
+        return cuda.mxfp8_round(t.to(torch.bfloat16))[0]
+
+    @staticmethod
+    def mx_round_both(t: torch.Tensor):
+        return cuda.mxfp8_round(t.to(torch.bfloat16), transposed=True)
+
+
+class GroupedGemms(CudaMxfp8, ExpertEngine):
     """Routed-expert GEMMs on torch._grouped_mm over the schedule's expert segments (fp32)."""
 
     def __init__(self, schedule, num_experts: int):
@@ -47,11 +63,8 @@ class GroupedGemms(ExpertEngine):
         d_t = d_out.to(torch.bfloat16).T
         return torch._grouped_mm(d_t, a.to(torch.bfloat16), offs=self.offsets).float()
 
-    quantize = staticmethod(cuda.mxfp8_quantize)
-    dequantize = staticmethod(cuda.mxfp8_dequantize)  # bf16: what the GEMMs read
 
-
-class HopperGemms(ExpertEngine):
+class HopperGemms(CudaMxfp8, ExpertEngine):
     """Routed-expert GEMMs on mok's kernels (bf16 outputs, fp32 where the math keeps fp32)."""
 
     def __init__(self, schedule, num_experts: int):
@@ -94,8 +107,8 @@ class HopperGemms(ExpertEngine):
         # The scaled d_out rows feed the weight gradients, which read the segments only.
         return cuda_experts.scale_rows(x, weight, self.num_tokens, zero_rest=False)
 
-    quantize = staticmethod(cuda.mxfp8_quantize)
-    dequantize = staticmethod(cuda.mxfp8_dequantize)
+    def swiglu_mxfp8(self, gate: torch.Tensor, up: torch.Tensor, limit: float | None):
+        return cuda_experts.swiglu_mxfp8(gate, up, self.num_tokens, limit)
 
 
 def _transposed_view(weight: torch.Tensor) -> bool:

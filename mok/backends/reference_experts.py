@@ -61,8 +61,10 @@ class ExpertEngine:
     [E, N, K]; fp32, or bf16 where a kernel stores bf16), `weight_grad(d_out, a)` ([E, N, K]),
     `quantize(t, normal, transposed)` (the MXFP8 quantizer) and `num_experts`. Engines with
     kernels of their own override the rest: `linears` (several weights, one A), `linear_sum`
-    (two products summed in fp32), `weight_grads` (several gradients of one shape) and the
-    elementwise steps `swiglu`, `swiglu_backward`, `scale_rows` and `dequantize`.
+    (two products summed in fp32), `weight_grads` (several gradients of one shape), the
+    elementwise steps `swiglu`, `swiglu_backward`, `scale_rows` and `dequantize`, and the MXFP8
+    steps `mx_round`, `mx_round_both` and `swiglu_mxfp8`, whose forms here make several passes
+    that a kernel can make in one.
     """
 
     num_experts: int
@@ -90,6 +92,27 @@ class ExpertEngine:
         with the last two dims swapped when `transposed` (a view here; kernels write it)."""
         values = mxfp8.dequantize(data, scales)
         return values.transpose(-2, -1) if transposed else values
+
+    def mx_round(self, t: torch.Tensor) -> torch.Tensor:
+        """The values an MXFP8 GEMM sees for `t` quantized along its last dim."""
+        data, scales, _, _ = self.quantize(t.to(torch.bfloat16), True, False)
+        return self.dequantize(data, scales)
+
+    def mx_round_both(self, t: torch.Tensor):
+        """`mx_round(t)` and t's row-blocked MXFP8 pair (for a weight gradient) from one
+        quantizer pass: the kernel writes both layouts of the same blocks, bit for bit as two
+        passes would."""
+        data, scales, data_t, scales_t = self.quantize(t.to(torch.bfloat16), True, True)
+        return self.dequantize(data, scales), (data_t, scales_t)
+
+    def swiglu_mxfp8(self, gate: torch.Tensor, up: torch.Tensor, limit: float | None):
+        """The MXFP8 forward's SwiGLU step on bf16 gate and up: (mx_round(hidden), hidden's
+        row-blocked pair, gate's and up's MXFP8 pairs), the last three saved for backward."""
+        hidden = self.swiglu(gate, up, limit)
+        hidden_q, hidden_t = self.mx_round_both(hidden)
+        gate_q = self.quantize(gate, True, False)[:2]
+        up_q = self.quantize(up, True, False)[:2]
+        return hidden_q, hidden_t, gate_q, up_q
 
     def linears(self, a: torch.Tensor, weights) -> list[torch.Tensor]:
         return [self.linear(a, w) for w in weights]
@@ -143,23 +166,10 @@ def swiglu_backward(d_hidden, gate, up, limit: float | None):
     return d_gate, d_up
 
 
-def mx_round(t: torch.Tensor, gemm) -> torch.Tensor:
-    """The values an MXFP8 GEMM sees for `t` quantized along its last dim (fp32)."""
-    data, scales, _, _ = gemm.quantize(t.to(torch.bfloat16), True, False)
-    return gemm.dequantize(data, scales)
-
-
 def mx_round_rows(t: torch.Tensor, gemm) -> torch.Tensor:
     """The values for `t` [R, C] quantized in blocks of 32 rows (the wgrad operands), fp32."""
     _, _, data_t, scales_t = gemm.quantize(t.to(torch.bfloat16), False, True)
     return gemm.dequantize(data_t, scales_t, transposed=True)
-
-
-def mx_round_both(t: torch.Tensor, gemm):
-    """`mx_round(t)` and t's row-blocked MXFP8 pair (for a weight gradient) from one quantizer
-    pass: the kernel writes both layouts of the same blocks, bit for bit as two passes would."""
-    data, scales, data_t, scales_t = gemm.quantize(t.to(torch.bfloat16), True, True)
-    return gemm.dequantize(data, scales), (data_t, scales_t)
 
 
 def _dequant(pair, gemm, transposed: bool = False) -> torch.Tensor:
@@ -189,13 +199,10 @@ def forward_mxfp8(x_rows, weights, gemm, limit):
     pairs (blocks along rows, for the weight gradients) and gate_q/up_q normal pairs.
     """
     w_gate, w_up, w_down = weights
-    xq, x_t = mx_round_both(x_rows, gemm)
+    xq, x_t = gemm.mx_round_both(x_rows)
     gate, up = (t.to(torch.bfloat16) for t in gemm.linears(xq, (w_gate, w_up)))
-    hidden = gemm.swiglu(gate, up, limit)
-    hidden_q, hidden_t = mx_round_both(hidden, gemm)
+    hidden_q, hidden_t, gate_q, up_q = gemm.swiglu_mxfp8(gate, up, limit)
     y = gemm.linear(hidden_q, w_down).to(torch.bfloat16)
-    gate_q = gemm.quantize(gate, True, False)[:2]
-    up_q = gemm.quantize(up, True, False)[:2]
     return x_t, gate_q, up_q, hidden_t, y
 
 
@@ -237,7 +244,7 @@ def mxfp8_backward_inputs(ctx, weights, gemm):
 def backward_mxfp8(d_out_rows, rw_rows, inputs, gemm, limit):
     """MXFP8 backward on `inputs` = mxfp8_backward_inputs(...). Returns as `backward_bf16`."""
     down, dense, x_rows, gate, up, hidden = inputs
-    d_h = gemm.linear(mx_round(d_out_rows, gemm), down)
+    d_h = gemm.linear(gemm.mx_round(d_out_rows), down)
     return _backward_tail(
         d_h, d_out_rows, rw_rows, x_rows, gate, up, hidden, dense, gemm, limit, True
     )
@@ -250,7 +257,7 @@ def _backward_tail(d_h, d_out, rw, x, gate, up, hidden, weights, gemm, limit, mx
     if unit:
         rw = d_h.new_ones(d_h.shape[0], dtype=torch.float32)
     d_router_weight, d_gate, d_up, d_hidden = gemm.swiglu_backward(d_h, rw, gate, up, hidden, limit)
-    dgrad_in = (mx_round(d_gate, gemm), mx_round(d_up, gemm)) if mx else (d_gate, d_up)
+    dgrad_in = (gemm.mx_round(d_gate), gemm.mx_round(d_up)) if mx else (d_gate, d_up)
     dgrad_terms = ((dgrad_in[0], w_gate.transpose(1, 2)), (dgrad_in[1], w_up.transpose(1, 2)))
     d_x = gemm.linear_sum(dgrad_terms).to(torch.bfloat16)
     weight_grads = WeightGrads(gemm, (d_gate, d_up, d_out), None if unit else rw, x, hidden, mx)

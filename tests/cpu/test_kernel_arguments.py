@@ -59,13 +59,17 @@ def _t(*shape, dtype=torch.bfloat16):
          r"`d_h` must be tensor \[R, I\] = \[256, 64\], got bf16 \[200, 64\]"),
         (lambda: cuda_experts.scale_rows(_t(256, 64), _t(128), NUM_TOKENS), ValueError,
          r"`weight` must be tensor \[R\] = \[256\]"),
+        (lambda: cuda_experts.swiglu_mxfp8(_t(256, 128), _t(256, 256), NUM_TOKENS, None),
+         ValueError, r"`up` must be tensor \[R, I\] = \[256, 128\], got bf16 \[256, 256\]"),
+        (lambda: cuda_experts.swiglu_mxfp8(_t(256, 64), _t(256, 64), NUM_TOKENS, None),
+         ValueError, r"`gate` must be \[R, I\] with R and I multiples of 128 .*\[256, 64\]"),
     ],
     ids=[
         "linear-K", "linear-N-differs", "linear-experts", "rows-dtype", "a-rank",
         "transposed-K", "wgrad-rows", "wgrad-second-pair", "three-sets", "no-pairs",
         "row-source-dtype", "row-source-rows",
         "swiglu-up", "swiglu-num-tokens", "swiglu-bwd-router-weight", "swiglu-bwd-d_h",
-        "scale-rows-weight",
+        "scale-rows-weight", "swiglu-mxfp8-up", "swiglu-mxfp8-tiles",
     ],
 )  # fmt: skip
 def test_mismatched_operands_are_refused_before_any_launch(call, error, message):

@@ -12,7 +12,7 @@ import pytest
 import torch
 from gpu_helpers import module_seed, requires_gpu_module
 
-from mok.backends import cuda_experts
+from mok.backends import cuda, cuda_experts
 from mok.backends.reference_experts import ExpertEngine
 
 pytestmark = [pytest.mark.gpu, requires_gpu_module()]
@@ -74,6 +74,23 @@ def test_scale_rows(case, seed):
     _, rand, _, _, num_tokens = _data(case, seed)
     x, w = rand(rows, inter).bfloat16(), rand(rows, scale=1.0)
     _close(cuda_experts.scale_rows(x, w, num_tokens), ExpertEngine.scale_rows(x, w), used)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_swiglu_mxfp8_is_the_unfused_steps_bit_for_bit(case, seed):
+    """The fused SwiGLU + MXFP8 pass writes exactly what the SwiGLU kernel, the rounding of
+    hidden (with its transposed pair) and the quantization of gate and up write."""
+    limit = case[3]
+    _, _, gate, up, num_tokens = _data(case, seed)
+    hidden_q, hidden_t, gate_q, up_q = cuda_experts.swiglu_mxfp8(gate, up, num_tokens, limit)
+    hidden = cuda_experts.swiglu(gate, up, num_tokens, limit)
+    want_q, want_t = cuda.mxfp8_round(hidden, transposed=True)
+    want = [want_q, *want_t, *cuda.mxfp8_quantize(gate)[:2], *cuda.mxfp8_quantize(up)[:2]]
+    got = [hidden_q, *hidden_t, *gate_q, *up_q]
+    names = ["hidden", "hidden_t", "hidden_scale_t", "gate_q", "gate_scale", "up_q", "up_scale"]
+    for name, g, w in zip(names, got, want, strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype, name
+        assert torch.equal(g.view(torch.uint8), w.view(torch.uint8)), f"{name} differs"
 
 
 def test_bad_width_raises():

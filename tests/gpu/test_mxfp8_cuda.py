@@ -64,9 +64,8 @@ def _kernel(x: torch.Tensor, normal: bool, transposed: bool):
         outs[2] = _poisoned((*batch, cols, rows), torch.float8_e4m3fn)
         outs[3] = _poisoned((experts * cols // 128, rows // 128, 32, 16), torch.uint8)
     address = [0 if t is None else t.data_ptr() for t in outs]
-    module.mxfp8_quantize(
-        x.data_ptr(), *address, experts, rows, cols, torch.cuda.current_stream().cuda_stream
-    )
+    stream = torch.cuda.current_stream().cuda_stream
+    module.mxfp8_quantize(x.data_ptr(), *address, 0, 0, experts, rows, cols, stream)
     return tuple(outs)
 
 
@@ -143,6 +142,56 @@ def test_dequantize_matches_reference_bitwise(shape, special, seed):
         assert torch.equal(got.view(torch.int16)[~nan], want.view(torch.int16)[~nan])
 
 
+def _assert_same_values(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    """bf16 tensors equal bit for bit, NaN payloads aside (their positions must match)."""
+    assert got.dtype == want.dtype == torch.bfloat16 and got.shape == want.shape, what
+    nan = want.isnan()
+    assert torch.equal(got.isnan(), nan), f"{what}: NaN positions differ"
+    assert torch.equal(got.view(torch.int16)[~nan], want.view(torch.int16)[~nan]), what
+
+
+@requires_module
+@pytest.mark.parametrize("special", [False, True], ids=["randn", "special-values"])
+@pytest.mark.parametrize("shape", [(128, 128), (640, 384), (2, 256, 512)], ids=str)
+def test_round_is_quantize_then_dequantize_in_one_pass(shape, special, seed):
+    """mxfp8_round's values == mxfp8_dequantize(normal pair) and its pair == the quantizer's
+    transposed pair, bit for bit."""
+    x = _random_bf16(shape, seed, special)
+    data, scales, data_t, scales_t = cuda_backend.mxfp8_quantize(x, True, True)
+    want = cuda_backend.mxfp8_dequantize(data, scales)
+    values, pair_t = cuda_backend.mxfp8_round(x, transposed=True)
+    _assert_same_values(values, want, "rounded values, with the transposed pair")
+    _assert_same_bytes((None, None, *pair_t), (None, None, data_t, scales_t), "transposed pair")
+    values, none = cuda_backend.mxfp8_round(x)
+    assert none is None
+    _assert_same_values(values, want, "rounded values alone")
+
+
+@requires_module
+def test_round_leaves_tiles_past_used_rows_unwritten(seed):
+    """With used_rows = 256 of 640 rows, rows (and transposed columns) from 256 on keep their
+    poison and the rest equal the full launch's bytes."""
+    x = _random_bf16((640, 384), seed, special=False)
+    values, (data_t, scales_t) = cuda_backend.mxfp8_round(x, transposed=True)
+    rounded = _poisoned((640, 384), torch.bfloat16)
+    out_t = _poisoned((384, 640), torch.float8_e4m3fn)
+    scale_t = _poisoned((3, 5, 32, 16), torch.uint8)
+    used = torch.tensor([256], dtype=torch.int32, device="cuda")
+    module = _extension.module_for_device(x.device)
+    stream = torch.cuda.current_stream().cuda_stream
+    addresses = (out_t.data_ptr(), scale_t.data_ptr(), rounded.data_ptr(), used.data_ptr())
+    module.mxfp8_quantize(x.data_ptr(), 0, 0, *addresses, 1, 640, 384, stream)
+    every, head, tail = slice(None), slice(None, 256), slice(256, None)
+    cases = [
+        (rounded, values, (head,), (tail,)),  # rows
+        (out_t, data_t, (every, head), (every, tail)),  # columns of the transposed data
+        (scale_t, scales_t, (every, slice(None, 2)), (every, slice(2, None))),  # 128-row tiles
+    ]
+    for got, full, kept, unwritten in cases:
+        assert torch.equal(got[kept].view(torch.uint8), full[kept].view(torch.uint8))
+        assert (got[unwritten].view(torch.uint8) == POISON).all(), "wrote past used_rows"
+
+
 @requires_module
 def test_dequantize_rejects_mismatched_scales():
     data = torch.zeros(256, 128, dtype=torch.float8_e4m3fn, device="cuda")
@@ -156,16 +205,17 @@ def test_kernel_rejects_bad_arguments():
     x = torch.zeros(128, 128, dtype=torch.bfloat16, device="cuda")
     out = torch.empty(128 * 128 + 16, dtype=torch.uint8, device="cuda")
     stream = torch.cuda.current_stream().cuda_stream
+    o = out.data_ptr()
     with pytest.raises(ValueError, match="16-byte aligned"):
-        module.mxfp8_quantize(
-            x.data_ptr(), out.data_ptr() + 1, out.data_ptr(), 0, 0, 1, 128, 128, stream
-        )
+        module.mxfp8_quantize(x.data_ptr(), o + 1, o, 0, 0, 0, 0, 1, 128, 128, stream)
     with pytest.raises(ValueError, match="multiple of 128"):
-        module.mxfp8_quantize(
-            x.data_ptr(), out.data_ptr(), out.data_ptr(), 0, 0, 1, 100, 128, stream
-        )
+        module.mxfp8_quantize(x.data_ptr(), o, o, 0, 0, 0, 0, 1, 100, 128, stream)
     with pytest.raises(ValueError, match="at least one"):
-        module.mxfp8_quantize(x.data_ptr(), 0, 0, 0, 0, 1, 128, 128, stream)
+        module.mxfp8_quantize(x.data_ptr(), 0, 0, 0, 0, 0, 0, 1, 128, 128, stream)
+    with pytest.raises(ValueError, match="`rounded` must be 16-byte aligned"):
+        module.mxfp8_quantize(x.data_ptr(), 0, 0, 0, 0, o + 2, 0, 1, 128, 128, stream)
+    with pytest.raises(ValueError, match="`used_rows` must be 4-byte aligned"):
+        module.mxfp8_quantize(x.data_ptr(), 0, 0, 0, 0, o, o + 1, 1, 128, 128, stream)
 
 
 @requires_module

@@ -1,0 +1,24 @@
+// The SwiGLU forward of one element, shared by every kernel that computes it (the plain SwiGLU
+// kernel and the fused SwiGLU + MXFP8 quantizer), so both round the same fp32 value.
+//
+// Reference: mok.backends.reference_experts.swiglu, torch's F.silu(x) = x / (1 + exp(-x)).
+#pragma once
+
+namespace mok::experts {
+
+__device__ __forceinline__ float clamp_gate(float g, bool has_limit, float limit) {
+  return has_limit ? fminf(g, limit) : g;
+}
+
+__device__ __forceinline__ float clamp_up(float u, bool has_limit, float limit) {
+  return has_limit ? fminf(fmaxf(u, -limit), limit) : u;
+}
+
+// silu(min(gate, L)) * clamp(up, -L, L) in fp32, before the store's rounding.
+__device__ __forceinline__ float swiglu_value(float gate, float up, bool has_limit, float limit) {
+  const float g = clamp_gate(gate, has_limit, limit);
+  const float u = clamp_up(up, has_limit, limit);
+  return __fmul_rn(__fdiv_rn(g, 1.0f + expf(-g)), u);
+}
+
+}  // namespace mok::experts
