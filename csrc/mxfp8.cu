@@ -102,8 +102,10 @@ struct SwigluSource {
       out[i] = used ? *reinterpret_cast<const uint32_t*>(&h) : 0u;
     }
     const int64_t offset = chunk_offset(p, t, row, chunk);
-    store_row_chunk(p.gate_q, offset, row, chunk, quantize_row_chunk(g[pass]), s.gate_scale);
-    store_row_chunk(p.up_q, offset, row, chunk, quantize_row_chunk(u[pass]), s.up_scale);
+    const int e_gate = row_chunk_exponent(g[pass]);
+    store_row_chunk(p.gate_q, offset, row, chunk, g[pass], e_gate, s.gate_scale);
+    const int e_up = row_chunk_exponent(u[pass]);
+    store_row_chunk(p.up_q, offset, row, chunk, u[pass], e_up, s.up_scale);
   }
 
   // After the block's barrier: warps 2 and 3 write gate's and up's scale tiles.
@@ -144,10 +146,10 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const Params p) {
       for (int i = 0; i < kWordsPerChunk; ++i) staged[i] = w[i];
     }
     if constexpr (kNormal || kRounded) {
-      const RowChunk q = quantize_row_chunk(w);
+      const int e = row_chunk_exponent(w);
       const int64_t offset = chunk_offset(p, t, row, chunk);
-      if constexpr (kNormal) store_row_chunk(p.normal, offset, row, chunk, q, s_scale);
-      if constexpr (kRounded) store_rounded_chunk(p.rounded + offset, q);
+      if constexpr (kNormal) store_row_chunk(p.normal, offset, row, chunk, w, e, s_scale);
+      if constexpr (kRounded) store_rounded_chunk(p.rounded + offset, w, e);
     }
   }
   __syncthreads();

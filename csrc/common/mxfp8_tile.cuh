@@ -95,43 +95,55 @@ struct ColumnElement {
   __device__ float operator()(int i) const { return hi ? bf16_hi(w[i]) : bf16_lo(w[i]); }
 };
 
-// A row chunk quantized along the row: its E4M3 bytes and the scale exponent of its block.
-struct RowChunk {
-  uint4 fp8;
-  int exponent;
-};
-
-// Quantizes one 16-element row chunk; the block's amax is shared with the partner thread
-// (lane ^ 1) holding the block's other half, so every thread of a warp must call this.
-__device__ __forceinline__ RowChunk quantize_row_chunk(uint32_t (&w)[kWordsPerChunk]) {
+// The scale exponent of the 32-block holding a 16-element row chunk; the block's amax is shared
+// with the partner thread (lane ^ 1) holding its other half, so every thread of a warp must call
+// this. Clears the sign of NaN elements in `w` (see scan_pair).
+__device__ __forceinline__ int row_chunk_exponent(uint32_t (&w)[kWordsPerChunk]) {
   uint32_t amax2 = 0;
 #pragma unroll
   for (int i = 0; i < kWordsPerChunk; ++i) w[i] = scan_pair(w[i], amax2);
   amax2 = __vmaxu2(amax2, __shfl_xor_sync(0xffffffffu, amax2, 1));
-  const int e = scale_exponent(max(amax2 & 0xffffu, amax2 >> 16));
-  return {quantize16(RowElement{w}, inverse_scale(e)), e};
+  return scale_exponent(max(amax2 & 0xffffu, amax2 >> 16));
 }
 
-// Stores a quantized row chunk at element `offset` of `pair` and stages its scale byte (one
-// thread per block) at the chunk's swizzled place in the tile's scales.
+// Stores a row chunk quantized with exponent e at element `offset` of `pair` and stages its
+// scale byte (one thread per block) at the chunk's swizzled place in the tile's scales.
 __device__ __forceinline__ void store_row_chunk(const Pair& pair, int64_t offset, int row,
-                                                int chunk, const RowChunk& q, uint8_t* s_scale) {
-  store16(pair.data + offset, q.fp8);
-  if ((chunk & 1) == 0) s_scale[swizzled_scale_offset(row, chunk / 2)] = q.exponent + kMaxExponent;
+                                                int chunk, const uint32_t (&w)[kWordsPerChunk],
+                                                int e, uint8_t* s_scale) {
+  store16(pair.data + offset, quantize16(RowElement{w}, inverse_scale(e)));
+  if ((chunk & 1) == 0) s_scale[swizzled_scale_offset(row, chunk / 2)] = e + kMaxExponent;
 }
 
-// Stores the values a GEMM reads for a quantized row chunk, bf16(e4m3 * 2^e), at `dst`: what
-// mxfp8_dequantize writes for the same bytes, computed the same way (fp32 product, RNE).
-__device__ __forceinline__ void store_rounded_chunk(uint16_t* dst, const RowChunk& q) {
-  const float scale = scale_value(static_cast<uint32_t>(q.exponent + kMaxExponent));
-  const uint32_t bytes[4] = {q.fp8.x, q.fp8.y, q.fp8.z, q.fp8.w};
-  uint32_t packed[8];
+// The value of to_e4m3(y) as an fp32, from fp32 and integer operations only: E4M3's subnormals
+// (below 2^-6) are the multiples of 2^-9 and its normals keep 3 mantissa bits, both rounded to
+// nearest even; |y| above 448 (only inf: the scale keeps finite blocks within 448) saturates to
+// 448 and NaN stays NaN, as the saturating conversion does. Going through E4M3 bytes and back
+// costs two conversion instructions per element, which made the rounding pass ~2x slower.
+__device__ __forceinline__ float e4m3_value(float y) {
+  const float a = fabsf(y);
+  const float subnormal = __fsub_rn(__fadd_rn(a, 16384.0f), 16384.0f);  // ulp(2^14) = 2^-9
+  uint32_t bits = __float_as_uint(a);
+  bits += 0x7ffffu + ((bits >> 20) & 1u);  // round the 20 dropped mantissa bits to even
+  const float normal = __uint_as_float(bits & 0xfff00000u);
+  const float r = a < 0.015625f ? subnormal : normal;
+  return copysignf(a > 448.0f ? 448.0f : r, y);
+}
+
+// Stores the values a GEMM reads for a row chunk quantized with exponent e, bf16(e4m3 * 2^e),
+// at `dst`: what mxfp8_dequantize writes for the same bytes, computed the same way (an exact
+// fp32 product rounded to bf16).
+__device__ __forceinline__ void store_rounded_chunk(uint16_t* dst,
+                                                    const uint32_t (&w)[kWordsPerChunk], int e) {
+  const float inv = inverse_scale(e);
+  const float scale = scale_value(static_cast<uint32_t>(e + kMaxExponent));
+  const RowElement element{w};
+  uint32_t packed[kWordsPerChunk];
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const auto pair = static_cast<__nv_fp8x2_storage_t>(bytes[j / 2] >> (16 * (j % 2)));
-    const float2 values = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
-    const __nv_bfloat162 rounded =
-        __floats2bfloat162_rn(__fmul_rn(values.x, scale), __fmul_rn(values.y, scale));
+  for (int j = 0; j < kWordsPerChunk; ++j) {
+    const float lo = __fmul_rn(e4m3_value(element(2 * j) * inv), scale);
+    const float hi = __fmul_rn(e4m3_value(element(2 * j + 1) * inv), scale);
+    const __nv_bfloat162 rounded = __floats2bfloat162_rn(lo, hi);
     packed[j] = *reinterpret_cast<const uint32_t*>(&rounded);
   }
   store16(dst, make_uint4(packed[0], packed[1], packed[2], packed[3]));

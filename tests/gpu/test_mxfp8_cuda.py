@@ -173,7 +173,7 @@ def test_round_leaves_tiles_past_used_rows_unwritten(seed):
     poison and the rest equal the full launch's bytes."""
     x = _random_bf16((640, 384), seed, special=False)
     values, (data_t, scales_t) = cuda_backend.mxfp8_round(x, transposed=True)
-    rounded = _poisoned((640, 384), torch.bfloat16)
+    rounded = _poisoned((640, 2 * 384), torch.bfloat16)  # shape in bytes
     out_t = _poisoned((384, 640), torch.float8_e4m3fn)
     scale_t = _poisoned((3, 5, 32, 16), torch.uint8)
     used = torch.tensor([256], dtype=torch.int32, device="cuda")
