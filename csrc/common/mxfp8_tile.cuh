@@ -117,17 +117,23 @@ __device__ __forceinline__ void store_row_chunk(const Pair& pair, int64_t offset
 
 // The value of to_e4m3(y) as an fp32, from fp32 and integer operations only: E4M3's subnormals
 // (below 2^-6) are the multiples of 2^-9 and its normals keep 3 mantissa bits, both rounded to
-// nearest even; |y| above 448 (only inf: the scale keeps finite blocks within 448) saturates to
-// 448 and NaN stays NaN, as the saturating conversion does. Going through E4M3 bytes and back
+// nearest even; |y| from 448 up (only inf: the scale keeps finite blocks within 448) saturates
+// to 448 and NaN stays NaN, as the saturating conversion does. The cases are told apart on the
+// bits, so no floating-point comparison can misread a NaN. Going through E4M3 bytes and back
 // costs two conversion instructions per element, which made the rounding pass ~2x slower.
 __device__ __forceinline__ float e4m3_value(float y) {
-  const float a = fabsf(y);
-  const float subnormal = __fsub_rn(__fadd_rn(a, 16384.0f), 16384.0f);  // ulp(2^14) = 2^-9
-  uint32_t bits = __float_as_uint(a);
-  bits += 0x7ffffu + ((bits >> 20) & 1u);  // round the 20 dropped mantissa bits to even
-  const float normal = __uint_as_float(bits & 0xfff00000u);
-  const float r = a < 0.015625f ? subnormal : normal;
-  return copysignf(a > 448.0f ? 448.0f : r, y);
+  const uint32_t sign = __float_as_uint(y) & 0x80000000u;
+  const uint32_t magnitude = __float_as_uint(y) & 0x7fffffffu;
+  if (magnitude > 0x7f800000u) return y;  // NaN
+  uint32_t bits;
+  if (magnitude >= 0x43e00000u) {  // 448 and above
+    bits = 0x43e00000u;
+  } else if (magnitude < 0x3c800000u) {  // below 2^-6: add and subtract 2^14, whose ulp is 2^-9
+    bits = __float_as_uint(__fsub_rn(__fadd_rn(__uint_as_float(magnitude), 16384.0f), 16384.0f));
+  } else {  // round the 20 dropped mantissa bits to nearest even
+    bits = (magnitude + 0x7ffffu + ((magnitude >> 20) & 1u)) & 0xfff00000u;
+  }
+  return __uint_as_float(bits | sign);
 }
 
 // Stores the values a GEMM reads for a row chunk quantized with exponent e, bf16(e4m3 * 2^e),

@@ -146,8 +146,13 @@ def _assert_same_values(got: torch.Tensor, want: torch.Tensor, what: str) -> Non
     """bf16 tensors equal bit for bit, NaN payloads aside (their positions must match)."""
     assert got.dtype == want.dtype == torch.bfloat16 and got.shape == want.shape, what
     nan = want.isnan()
-    assert torch.equal(got.isnan(), nan), f"{what}: NaN positions differ"
-    assert torch.equal(got.view(torch.int16)[~nan], want.view(torch.int16)[~nan]), what
+    bad = (got.isnan() != nan) | (~nan & (got.view(torch.int16) != want.view(torch.int16)))
+    if bad.any():
+        first = tuple(bad.nonzero()[0].tolist())
+        raise AssertionError(
+            f"{what}: {int(bad.sum())} values differ, first at {list(first)}: got "
+            f"{got[first].item()!r}, want {want[first].item()!r}"
+        )
 
 
 @requires_module
