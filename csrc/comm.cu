@@ -89,7 +89,8 @@ __global__ void __launch_bounds__(kCopyThreads) pull_kernel(PullArgs a, int lane
   const Team team = grid_team(lane_shift);
   const int64_t vecs = a.row_bytes / static_cast<int64_t>(sizeof(V));
   const int64_t live = live_rows(a.schedule);
-  for (int64_t row = team.index; row < a.schedule.rows; row += team.count) {
+  const int64_t end = a.zero_rest ? a.schedule.rows : live;
+  for (int64_t row = team.index; row < end; row += team.count) {
     V* dst = reinterpret_cast<V*>(static_cast<uint8_t*>(a.out) + row * a.row_bytes);
     int rank;
     int64_t index;

@@ -53,6 +53,7 @@ struct PullArgs {
   int divisor = 1;
   int ep = 1;
   int ctas = 1;
+  bool zero_rest = true;  // false: rows at or past num_tokens are left as they are
 };
 
 // Rank peer_rank[i]'s destination row peer_token_idx[i] = rows[i]; padding rows are skipped.

@@ -45,6 +45,9 @@ __device__ void zero_row(void* base, int64_t row, int64_t vectors) {
 }
 
 // True for this CTA's row past the used rows, after zeroing the row in every output.
+// `output` when its rows past num_tokens are to be zeroed, else null (they stay as they are).
+__device__ void* zeroed_rest(void* output, bool zero_rest) { return zero_rest ? output : nullptr; }
+
 template <class... Outputs>
 __device__ bool past_used_rows(const int32_t* num_tokens, int64_t vectors, Outputs*... outputs) {
   const int64_t row = blockIdx.x;
@@ -59,7 +62,7 @@ __device__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 __global__ void swiglu_kernel(SwigluArgs args) {
   const int64_t row = blockIdx.x;
   const int64_t vectors = args.inter / kVector;
-  if (past_used_rows(args.num_tokens, vectors, args.hidden)) return;
+  if (past_used_rows(args.num_tokens, vectors, zeroed_rest(args.hidden, args.zero_rest))) return;
   for (int64_t v = threadIdx.x; v < vectors; v += blockDim.x) {
     const int64_t index = row * vectors + v;
     const Bf16x8 gate = load8(args.gate, index);
@@ -107,7 +110,9 @@ __global__ void swiglu_backward_kernel(SwigluBackwardArgs args) {
   __shared__ float scratch[kThreads];
   const int64_t row = blockIdx.x;
   const int64_t vectors = args.inter / kVector;
-  if (past_used_rows(args.num_tokens, vectors, args.d_gate, args.d_up, args.d_hidden)) {
+  const bool zero = args.zero_rest;
+  if (past_used_rows(args.num_tokens, vectors, zeroed_rest(args.d_gate, zero),
+                     zeroed_rest(args.d_up, zero), zeroed_rest(args.d_hidden, zero))) {
     if (threadIdx.x == 0) args.d_router_weight[row] = 0.0f;
     return;
   }
@@ -142,7 +147,7 @@ __global__ void swiglu_backward_kernel(SwigluBackwardArgs args) {
 __global__ void scale_rows_kernel(ScaleRowsArgs args) {
   const int64_t row = blockIdx.x;
   const int64_t vectors = args.cols / kVector;
-  if (past_used_rows(args.num_tokens, vectors, args.zero_rest ? args.out : nullptr)) return;
+  if (past_used_rows(args.num_tokens, vectors, zeroed_rest(args.out, args.zero_rest))) return;
   const float weight = args.weight[row];
   for (int64_t v = threadIdx.x; v < vectors; v += blockDim.x) {
     const Bf16x8 x = load8(args.x, row * vectors + v);

@@ -22,6 +22,7 @@ struct SwigluArgs {
   int64_t inter = 0;  // a multiple of 8
   bool has_limit = false;
   float limit = 0.0f;  // SwiGLU clamp L: silu(min(g, L)) * clamp(u, -L, L)
+  bool zero_rest = true;  // false: rows past num_tokens are left as they are (internal buffers)
 };
 
 struct SwigluBackwardArgs {
@@ -39,6 +40,7 @@ struct SwigluBackwardArgs {
   int64_t inter = 0;
   bool has_limit = false;
   float limit = 0.0f;
+  bool zero_rest = true;  // false: d_gate, d_up, d_hidden rows past num_tokens are left as they are
 };
 
 struct ScaleRowsArgs {

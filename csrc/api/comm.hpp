@@ -105,7 +105,7 @@ inline void comm_all_gather(uintptr_t src, uintptr_t dst_table, int64_t bytes, i
 inline void comm_pull_rows(uintptr_t src_table, uintptr_t out, uintptr_t peer_rank,
                            uintptr_t peer_token_idx, uintptr_t num_tokens, int64_t rows,
                            int64_t row_bytes, int64_t src_rows, int divisor, int ep, int ctas,
-                           uintptr_t stream) {
+                           bool zero_rest, uintptr_t stream) {
   namespace c = comm_checks;
   c::group_size(ep);
   c::address("src_table", src_table, 8);
@@ -123,6 +123,7 @@ inline void comm_pull_rows(uintptr_t src_table, uintptr_t out, uintptr_t peer_ra
   a.divisor = divisor;
   a.ep = ep;
   a.ctas = ctas;
+  a.zero_rest = zero_rest;
   check_cuda(comm::launch_pull(a, c::stream_of(stream)), "pull_rows kernel launch");
 }
 
@@ -186,9 +187,9 @@ inline void bind_comm(pybind11::module_& m) {
   m.def("comm_pull_rows", &comm_pull_rows, py::arg("src_table"), py::arg("out"),
         py::arg("peer_rank"), py::arg("peer_token_idx"), py::arg("num_tokens"), py::arg("rows"),
         py::arg("row_bytes"), py::arg("src_rows"), py::arg("divisor"), py::arg("ep"),
-        py::arg("ctas"), py::arg("stream"),
+        py::arg("ctas"), py::arg("zero_rest"), py::arg("stream"),
         "out[i] = rank peer_rank[i]'s source row peer_token_idx[i] // divisor; zero on padding "
-        "rows and rows >= num_tokens (no barrier).");
+        "rows, and on rows >= num_tokens when zero_rest (else left as they are; no barrier).");
   m.def("comm_push_rows", &comm_push_rows, py::arg("rows_data"), py::arg("dst_table"),
         py::arg("peer_rank"), py::arg("peer_token_idx"), py::arg("num_tokens"), py::arg("rows"),
         py::arg("row_bytes"), py::arg("dst_rows"), py::arg("ep"), py::arg("ctas"),

@@ -161,7 +161,7 @@ def all_gather_top_experts(
     return ws.all_gather_top_experts_buffer
 
 
-def _pull(ws, name, source, schedule, out, divisor, sync_before, sync_after, num_ctas):
+def _pull(ws, name, source, schedule, out, divisor, sync, num_ctas, zero_rest):
     peer_rank, peer_token_idx, num_tokens = _schedule_rows(ws, schedule)
     row_shape = tuple(source.shape[1:])
     if out is None:
@@ -172,6 +172,7 @@ def _pull(ws, name, source, schedule, out, divisor, sync_before, sync_after, num
             f"`out` must be a contiguous {source.dtype} {[peer_rank.shape[0], *row_shape]} "
             f"(one row per schedule row of `{name}`), got {list(out.shape)}"
         )
+    sync_before, sync_after = sync
     if sync_before:
         barrier(ws)
     _run(
@@ -188,6 +189,7 @@ def _pull(ws, name, source, schedule, out, divisor, sync_before, sync_after, num
         divisor=divisor,
         ep=ws.ep_size,
         ctas=num_ctas or _default_ctas(ws.device),
+        zero_rest=zero_rest,
     )
     if sync_after:
         barrier(ws)
@@ -203,9 +205,11 @@ def pull_rows(
     sync_before: bool = True,
     sync_after: bool = True,
     num_ctas: int | None = None,
+    zero_rest: bool = True,
 ) -> torch.Tensor:
     """Dispatch: out[i] = rank peer_rank[i]'s `source[peer_token_idx[i] // topk]`; zero on
-    padding rows (peer_rank < 0) and on rows at or past num_tokens (read on the device).
+    padding rows (peer_rank < 0) and on rows at or past num_tokens (read on the device), or,
+    when not `zero_rest`, those rows left as they are (for buffers nothing reads past there).
 
     | argument            | dtype       | shape                                   |
     |---------------------|-------------|-----------------------------------------|
@@ -217,9 +221,8 @@ def pull_rows(
     sources from being overwritten while a peer still pulls from them.
     """
     source = _buffer(ws, source_buffer_name, _PULL_SOURCES)
-    return _pull(
-        ws, source_buffer_name, source, schedule, out, ws.topk, sync_before, sync_after, num_ctas
-    )
+    sync = (sync_before, sync_after)
+    return _pull(ws, source_buffer_name, source, schedule, out, ws.topk, sync, num_ctas, zero_rest)
 
 
 def pull_router_weights(
@@ -230,13 +233,14 @@ def pull_router_weights(
     sync_before: bool = True,
     sync_after: bool = True,
     num_ctas: int | None = None,
+    zero_rest: bool = True,
 ) -> torch.Tensor:
     """Reverse-combine helper: out[i] = rank peer_rank[i]'s `router_weight_buffer` at flat index
-    peer_token_idx[i] (fp32 [C]); 0 on padding rows. Barriers as in `pull_rows`."""
+    peer_token_idx[i] (fp32 [C]); 0 on padding rows. Barriers and `zero_rest` as in
+    `pull_rows`."""
     source = ws.router_weight_buffer.view(-1)
-    return _pull(
-        ws, "router_weight_buffer", source, schedule, out, 1, sync_before, sync_after, num_ctas
-    )
+    sync = (sync_before, sync_after)
+    return _pull(ws, "router_weight_buffer", source, schedule, out, 1, sync, num_ctas, zero_rest)
 
 
 def push_rows(

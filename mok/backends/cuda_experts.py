@@ -48,22 +48,25 @@ def _limit(limit: float | None) -> dict:
     return {"has_limit": limit is not None, "limit": 0.0 if limit is None else float(limit)}
 
 
-def swiglu(gate, up, num_tokens: torch.Tensor, limit: float | None) -> torch.Tensor:
-    """bf16 silu(min(gate, L)) * clamp(up, -L, L) of bf16 [R, I] rows."""
+def swiglu(gate, up, num_tokens: torch.Tensor, limit: float | None, zero_rest: bool = True):
+    """bf16 silu(min(gate, L)) * clamp(up, -L, L) of bf16 [R, I] rows; rows past num_tokens
+    are zero, or left as they are when not `zero_rest` (internal buffers)."""
     inter = gate.shape[-1] if isinstance(gate, torch.Tensor) else None
     _check_rows({"gate": gate, "up": up, "num_tokens": num_tokens}, [inter], "R I")
     gate, up = _bf16(gate), _bf16(up)
     hidden = torch.empty_like(gate)
     tensors = {"gate": gate, "up": up, "hidden": hidden, "num_tokens": num_tokens}
-    _launch("swiglu", tensors, rows=gate.shape[0], inter=gate.shape[1], **_limit(limit))
+    _launch("swiglu", tensors, rows=gate.shape[0], inter=gate.shape[1], zero_rest=zero_rest,
+            **_limit(limit))  # fmt: skip
     return hidden
 
 
-def swiglu_mxfp8(gate, up, num_tokens: torch.Tensor, limit: float | None):
+def swiglu_mxfp8(gate, up, num_tokens: torch.Tensor, limit: float | None, zero_rest=True):
     """The MXFP8 forward's SwiGLU step in one pass over bf16 gate and up [R, I] (R and I
     multiples of 128): (hidden's rounded values bf16 [R, I], hidden's transposed pair, gate's
     and up's normal pairs), bit for bit `swiglu` followed by `cuda.mxfp8_round(hidden, True)`
-    and `cuda.mxfp8_quantize` of gate and up, in one read of gate and up instead of four."""
+    and `cuda.mxfp8_quantize` of gate and up, in one read of gate and up instead of four.
+    Not `zero_rest`: the 128-row tiles from num_tokens on are left unwritten in every output."""
     inter = gate.shape[-1] if isinstance(gate, torch.Tensor) else None
     _check_rows({"gate": gate, "up": up, "num_tokens": num_tokens}, [inter], "R I")
     rows, device = gate.shape[0], gate.device
@@ -88,13 +91,17 @@ def swiglu_mxfp8(gate, up, num_tokens: torch.Tensor, limit: float | None):
         "num_tokens": num_tokens,
     }
     if rows:
-        _launch("mxfp8_swiglu_quantize", tensors, used_rows=0, rows=rows, inter=inter,
+        used_rows = 0 if zero_rest else num_tokens.data_ptr()
+        _launch("mxfp8_swiglu_quantize", tensors, used_rows=used_rows, rows=rows, inter=inter,
                 **_limit(limit))  # fmt: skip
     return hidden, hidden_t, gate_q, up_q
 
 
-def swiglu_backward(d_h, router_weight, gate, up, hidden, num_tokens, limit: float | None):
-    """(d_router_weight fp32 [R], d_gate, d_up, d_hidden bf16 [R, I]) from fp32 d_h [R, I]."""
+def swiglu_backward(
+    d_h, router_weight, gate, up, hidden, num_tokens, limit: float | None, zero_rest: bool = True
+):
+    """(d_router_weight fp32 [R], d_gate, d_up, d_hidden bf16 [R, I]) from fp32 d_h [R, I]; rows
+    past num_tokens get d_router_weight 0 and zeros elsewhere, or (not `zero_rest`) nothing."""
     inter = gate.shape[-1] if isinstance(gate, torch.Tensor) else None
     given = {"gate": gate, "up": up, "hidden": hidden, "d_h": d_h}
     _check_rows({**given, "router_weight": router_weight, "num_tokens": num_tokens}, [inter], "R I")
@@ -113,7 +120,8 @@ def swiglu_backward(d_h, router_weight, gate, up, hidden, num_tokens, limit: flo
         "d_router_weight": d_router_weight,
         "num_tokens": num_tokens,
     }
-    _launch("swiglu_backward", tensors, rows=gate.shape[0], inter=gate.shape[1], **_limit(limit))
+    _launch("swiglu_backward", tensors, rows=gate.shape[0], inter=gate.shape[1],
+            zero_rest=zero_rest, **_limit(limit))  # fmt: skip
     return d_router_weight, d_gate, d_up, d_hidden
 
 

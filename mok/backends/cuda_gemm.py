@@ -120,11 +120,16 @@ def _experts(rows: torch.Tensor, a: torch.Tensor, name: str = "a") -> int:
 
 
 def linear(
-    a: torch.Tensor, weights: list[torch.Tensor], rows: torch.Tensor, row_source=None
+    a: torch.Tensor,
+    weights: list[torch.Tensor],
+    rows: torch.Tensor,
+    row_source=None,
+    zero_rest: bool = True,
 ) -> list[torch.Tensor]:
     """bf16 a [R, K] @ w[e]^T per segment for each w [E, N, K] (one launch) -> bf16 [R, N] each.
 
-    Rows past the last segment are zero, and so are the padding rows `row_source` marks.
+    Rows past the last segment are zero (unspecified when not `zero_rest`: for buffers only the
+    segments of are read), and so are the padding rows `row_source` marks.
     """
     _check_sets("weights", weights)
     experts = _experts(rows, a)
@@ -135,7 +140,8 @@ def linear(
     weights = [_bf16(w) for w in weights]
     outs = [a.new_empty((a.shape[0], w.shape[1])) for w in weights]
     sets = [(a, w, None, out) for w, out in zip(weights, outs, strict=True)]
-    _launch(Kind.LINEAR, sets, rows, weights[0].shape[1], a.shape[1], a.shape[0], row_source)
+    total_rows = a.shape[0] if zero_rest else 0
+    _launch(Kind.LINEAR, sets, rows, weights[0].shape[1], a.shape[1], total_rows, row_source)
     return outs
 
 
@@ -158,9 +164,9 @@ def linear_transposed(
     return out
 
 
-def linear_sum(terms, rows: torch.Tensor, row_source=None) -> torch.Tensor:
+def linear_sum(terms, rows: torch.Tensor, row_source=None, zero_rest: bool = True):
     """Sum of a @ w[e] over two (a [R, K], w [E, K, N]) terms in fp32 -> bf16 [R, N]; rows past
-    the segments and the padding rows `row_source` marks are zero."""
+    the segments (unless not `zero_rest`) and the padding rows `row_source` marks are zero."""
     (a1, w1), (a2, w2) = terms
     # Read within the segments only.
     partial = linear_transposed(a1, w1, rows, zero_rest=False, row_source=row_source)
@@ -168,8 +174,9 @@ def linear_sum(terms, rows: torch.Tensor, row_source=None) -> torch.Tensor:
     _shaped("w2", w2, [rows.shape[0], a2.shape[1], partial.shape[1]], "E K2 N", a1.device)
     a2, w2 = _bf16(a2), _bf16(w2)
     out = a2.new_empty(partial.shape)
+    total_rows = a2.shape[0] if zero_rest else 0
     _launch(Kind.LINEAR_ACCUMULATE, [(a2, w2, partial, out)], rows, out.shape[1], a2.shape[1],
-            a2.shape[0], row_source)  # fmt: skip
+            total_rows, row_source)  # fmt: skip
     return out
 
 

@@ -26,18 +26,18 @@ _F32 = torch.float32
 
 class CudaMxfp8:
     """The MXFP8 steps on the extension's kernels: bf16 values (what the GEMMs read), each
-    rounding in one pass (mok.backends.cuda.mxfp8_round) instead of a quantize + dequantize."""
+    rounding in one pass (mok.backends.cuda.mxfp8_round) instead of a quantize + dequantize,
+    over the schedule's used rows only (`num_tokens`, int32 [1] on the device)."""
 
+    num_tokens: torch.Tensor
     quantize = staticmethod(cuda.mxfp8_quantize)
     dequantize = staticmethod(cuda.mxfp8_dequantize)
 
-    @staticmethod
-    def mx_round(t: torch.Tensor) -> torch.Tensor:
-        return cuda.mxfp8_round(t.to(torch.bfloat16))[0]
+    def mx_round(self, t: torch.Tensor) -> torch.Tensor:
+        return cuda.mxfp8_round(t.to(torch.bfloat16), used_rows=self.num_tokens)[0]
 
-    @staticmethod
-    def mx_round_both(t: torch.Tensor):
-        return cuda.mxfp8_round(t.to(torch.bfloat16), transposed=True)
+    def mx_round_both(self, t: torch.Tensor):
+        return cuda.mxfp8_round(t.to(torch.bfloat16), transposed=True, used_rows=self.num_tokens)
 
 
 class GroupedGemms(CudaMxfp8, ExpertEngine):
@@ -45,7 +45,7 @@ class GroupedGemms(CudaMxfp8, ExpertEngine):
 
     def __init__(self, schedule, num_experts: int):
         peer_rank, _, num_tokens, tokens_per_expert = schedule
-        self.num_experts = num_experts
+        self.num_experts, self.num_tokens = num_experts, num_tokens
         self.offsets = torch.cumsum(tokens_per_expert, 0, dtype=torch.int32)
         rows = torch.arange(peer_rank.shape[0], device=peer_rank.device)
         # Rows past the last segment are not computed by the grouped GEMM: keep them zero.
@@ -70,7 +70,8 @@ class HopperGemms(CudaMxfp8, ExpertEngine):
     def __init__(self, schedule, num_experts: int):
         # The GEMMs skip each segment's padding rows (peer_rank -1): every routed tensor holds
         # zeros there, so the linear kinds write those zeros themselves and the weight gradients
-        # lose nothing by leaving the rows out.
+        # lose nothing by leaving the rows out. Rows past num_tokens (at EP >= 2 about half of a
+        # schedule sized for twice the mean load) are never read, so no kernel writes them.
         self.row_source = schedule[0]
         self.rows = schedule[3]
         self.num_tokens = schedule[2]
@@ -82,14 +83,14 @@ class HopperGemms(CudaMxfp8, ExpertEngine):
             return cuda_gemm.linear_transposed(
                 a, weight.transpose(1, 2), self.rows, False, self.row_source
             )
-        return cuda_gemm.linear(a, [weight], self.rows, self.row_source)[0]
+        return self.linears(a, [weight])[0]
 
     def linears(self, a: torch.Tensor, weights) -> list[torch.Tensor]:
-        return cuda_gemm.linear(a, list(weights), self.rows, self.row_source)
+        return cuda_gemm.linear(a, list(weights), self.rows, self.row_source, zero_rest=False)
 
     def linear_sum(self, terms) -> torch.Tensor:
         terms = [(a, w.transpose(1, 2)) for a, w in terms]
-        return cuda_gemm.linear_sum(terms, self.rows, self.row_source)
+        return cuda_gemm.linear_sum(terms, self.rows, self.row_source, zero_rest=False)
 
     def weight_grad(self, d_out: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
         return self.weight_grads([(d_out, a)])[0]
@@ -98,17 +99,19 @@ class HopperGemms(CudaMxfp8, ExpertEngine):
         return cuda_gemm.weight_grads(list(pairs), self.rows, self.row_source)
 
     def swiglu(self, gate: torch.Tensor, up: torch.Tensor, limit: float | None) -> torch.Tensor:
-        return cuda_experts.swiglu(gate, up, self.num_tokens, limit)
+        return cuda_experts.swiglu(gate, up, self.num_tokens, limit, zero_rest=False)
 
     def swiglu_backward(self, d_h, rw, gate, up, hidden, limit: float | None):
-        return cuda_experts.swiglu_backward(d_h, rw, gate, up, hidden, self.num_tokens, limit)
+        return cuda_experts.swiglu_backward(
+            d_h, rw, gate, up, hidden, self.num_tokens, limit, zero_rest=False
+        )
 
     def scale_rows(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         # The scaled d_out rows feed the weight gradients, which read the segments only.
         return cuda_experts.scale_rows(x, weight, self.num_tokens, zero_rest=False)
 
     def swiglu_mxfp8(self, gate: torch.Tensor, up: torch.Tensor, limit: float | None):
-        return cuda_experts.swiglu_mxfp8(gate, up, self.num_tokens, limit)
+        return cuda_experts.swiglu_mxfp8(gate, up, self.num_tokens, limit, zero_rest=False)
 
 
 def _transposed_view(weight: torch.Tensor) -> bool:
@@ -263,22 +266,27 @@ class CudaEngine:
             self._waiting.wait_stream(_comm_stream(self.ws.device))
             self._waiting = None
 
+    @staticmethod
+    def _pull_options(sync, ctas) -> dict:
+        """Keywords of a pass's pulls: the barriers `sync` asks for, and rows past num_tokens
+        left unwritten (the routed GEMMs never read them)."""
+        before, after = sync
+        return {"sync_before": before, "sync_after": after, "num_ctas": ctas, "zero_rest": False}
+
     def pull(self, name: str, schedule, background: bool = False, *, sync=(True, True)):
         """`sync` = (barrier before, barrier after), as cuda_comm.pull_rows's flags."""
         source = getattr(self.ws, name)
         out = source.new_empty((schedule[0].shape[0], *source.shape[1:]))
-        before, after = sync
         with self._exchange(background) as ctas:
             return cuda_comm.pull_rows(
-                self.ws, name, schedule, out, sync_before=before, sync_after=after, num_ctas=ctas
+                self.ws, name, schedule, out, **self._pull_options(sync, ctas)
             )
 
     def pull_router_weights(self, schedule, background: bool = False, *, sync=(True, True)):
         out = self.ws.router_weight_buffer.new_empty(schedule[0].shape[0])
-        before, after = sync
         with self._exchange(background) as ctas:
             return cuda_comm.pull_router_weights(
-                self.ws, schedule, out, sync_before=before, sync_after=after, num_ctas=ctas
+                self.ws, schedule, out, **self._pull_options(sync, ctas)
             )
 
     def push_all(self, pushes, schedule, background: bool = False) -> None:

@@ -105,9 +105,19 @@ def test_pull_rows_and_router_weights(shape, kind, seed, workspaces):
         want_rw = reference.pull_router_weights(
             ws.router_weight_buffer, sched[0], sched[1], ws.group_name
         )
+        # zero_rest=False: rows from num_tokens on keep what they held (the poison).
+        kept = poison(torch.empty_like(out))
+        cuda_comm.pull_rows(ws, name, sched, kept, zero_rest=False)
+        live = int(sched[2].item())
         return [
             bit_mismatch(f"pull {name} call {call}", out, want),
             bit_mismatch(f"pull router weights call {call}", got_rw, want_rw),
+            bit_mismatch(f"pull {name} call {call}, zero_rest=False", kept[:live], want[:live]),
+            bit_mismatch(
+                f"pull {name} call {call}, rows past num_tokens",
+                kept[live:],
+                poison(torch.empty_like(out))[live:],
+            ),  # fmt: skip
         ]
 
     check_calls(ws, kind, shape[3], gen, one_call)
@@ -209,7 +219,9 @@ def test_rejects_bad_arguments(workspaces):
         )
     module = _extension.module_for_device(ws.device)
     with pytest.raises(ValueError, match="row_bytes"):
-        module.comm_pull_rows(1 << 20, 1 << 20, 1 << 20, 1 << 20, 1 << 20, 256, 6, 1, 1, 1, 1, 0)
+        module.comm_pull_rows(
+            1 << 20, 1 << 20, 1 << 20, 1 << 20, 1 << 20, 256, 6, 1, 1, 1, 1, True, 0
+        )
     with pytest.raises(ValueError, match="rank"):
         module.comm_barrier(1 << 20, 1 << 20, 1 << 20, 1 << 20, 3, 2, 1, 0)
     with pytest.raises(ValueError, match="ep"):

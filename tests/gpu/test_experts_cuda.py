@@ -12,6 +12,7 @@ import pytest
 import torch
 from gpu_helpers import module_seed, requires_gpu_module
 
+from mok import _extension
 from mok.backends import cuda, cuda_experts
 from mok.backends.reference_experts import ExpertEngine
 
@@ -91,6 +92,33 @@ def test_swiglu_mxfp8_is_the_unfused_steps_bit_for_bit(case, seed):
     for name, g, w in zip(names, got, want, strict=True):
         assert g.shape == w.shape and g.dtype == w.dtype, name
         assert torch.equal(g.view(torch.uint8), w.view(torch.uint8)), f"{name} differs"
+
+
+@pytest.mark.parametrize("case", CASES[1:2] + CASES[3:], ids=IDS[1:2] + IDS[3:])
+def test_rows_past_num_tokens_stay_untouched_without_zero_rest(case, seed):
+    """zero_rest=False (the routed buffers): the SwiGLU kernels write rows < num_tokens as with
+    zero_rest and leave the rest of every output as it was (d_router_weight gets zeros)."""
+    rows, used, inter, limit = case
+    _, rand, gate, up, num_tokens = _data(case, seed)
+    d_h, rw = rand(rows, inter, scale=1.0), rand(rows, scale=1.0)
+    hidden = cuda_experts.swiglu(gate, up, num_tokens, limit)
+    full = cuda_experts.swiglu_backward(d_h, rw, gate, up, hidden, num_tokens, limit)
+    module = _extension.module_for_device(gate.device)
+    stream = torch.cuda.current_stream().cuda_stream
+    poison = float("nan")
+    kept_hidden = torch.full_like(gate, poison)
+    module.swiglu(gate.data_ptr(), up.data_ptr(), kept_hidden.data_ptr(), num_tokens.data_ptr(),
+                  rows, inter, limit is not None, limit or 0.0, False, stream)  # fmt: skip
+    outs = [torch.full_like(t, poison) for t in full]
+    module.swiglu_backward(d_h.data_ptr(), rw.data_ptr(), gate.data_ptr(), up.data_ptr(),
+                           hidden.data_ptr(), *(t.data_ptr() for t in outs[1:]),
+                           outs[0].data_ptr(), num_tokens.data_ptr(), rows, inter,
+                           limit is not None, limit or 0.0, False, stream)  # fmt: skip
+    assert torch.equal(kept_hidden[:used], hidden[:used]) and kept_hidden[used:].isnan().all()
+    assert torch.equal(outs[0], full[0]), "d_router_weight"
+    for name, got, want in zip(("d_gate", "d_up", "d_hidden"), outs[1:], full[1:], strict=True):
+        assert torch.equal(got[:used], want[:used]), name
+        assert got[used:].isnan().all(), f"{name}: rows past num_tokens were written"
 
 
 def test_bad_width_raises():
