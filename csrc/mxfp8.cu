@@ -12,6 +12,7 @@
 #include "mxfp8.h"
 
 #include <cstdint>
+#include <type_traits>
 
 namespace mok::mxfp8 {
 // A named namespace, not an anonymous one: nvcc derives anonymous-namespace symbol names from the
@@ -19,6 +20,14 @@ namespace mok::mxfp8 {
 namespace detail {
 
 using namespace tile;
+
+// The outputs a launch writes, as bits of the kernel's kLayouts.
+enum Layout : int {
+  kNormal = 1,       // E4M3 data + scales, blocks along the row
+  kRounded = 2,      // bf16 values of the normal layout
+  kTransposed = 4,   // E4M3 data + scales of the transpose, blocks along the column
+  kRoundedRows = 8,  // bf16 values of the transposed layout, in x's layout
+};
 
 struct Params {
   const uint16_t* x;     // LoadSource: bf16 [experts, rows, cols]
@@ -28,7 +37,8 @@ struct Params {
   bool has_limit;
   float limit;
   Pair normal;        // the result's normal layout
-  uint16_t* rounded;  // bf16 values of the normal layout
+  uint16_t* rounded;       // bf16 values of the normal layout
+  uint16_t* rounded_rows;  // bf16 values of the transposed layout, [experts, rows, cols]
   Pair transposed;
   Pair gate_q;  // SwigluSource: gate and up, normal layout
   Pair up_q;
@@ -122,9 +132,16 @@ struct SwigluSource {
   }
 };
 
-template <class Source, bool kNormal, bool kRounded, bool kTransposed>
+template <class Source, int kLayouts>
 __global__ void __launch_bounds__(kThreads) quantize_kernel(const Params p) {
-  __shared__ uint32_t s_tile[kTransposed ? kTile * kPitch : 1];
+  constexpr bool kNormalOut = kLayouts & kNormal;
+  constexpr bool kRoundedOut = kLayouts & kRounded;
+  constexpr bool kTransposedOut = kLayouts & kTransposed;
+  constexpr bool kRoundedRowsOut = kLayouts & kRoundedRows;
+  constexpr bool kColumns = kTransposedOut || kRoundedRowsOut;  // needs the column blocks
+  static_assert(!kRoundedRowsOut || std::is_same_v<Source, LoadSource>,
+                "rounded rows re-read the source's chunks: LoadSource only");
+  __shared__ uint32_t s_tile[kColumns ? kTile * kPitch : 1];
   __shared__ alignas(16) uint8_t s_scale[kTileScaleBytes];
   __shared__ alignas(16) uint8_t s_scale_t[kTileScaleBytes];
   __shared__ typename Source::Shared s_source;
@@ -140,24 +157,27 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const Params p) {
     const int row = pass * kRowsPerPass + row0;
     uint32_t w[kWordsPerChunk];
     source.chunk(p, t, pass, row, chunk, w, s_source);
-    if constexpr (kTransposed) {
+    if constexpr (kColumns) {
       uint32_t* staged = s_tile + row * kPitch + chunk * kWordsPerChunk;
 #pragma unroll
       for (int i = 0; i < kWordsPerChunk; ++i) staged[i] = w[i];
     }
-    if constexpr (kNormal || kRounded) {
+    if constexpr (kNormalOut || kRoundedOut) {
       const int e = row_chunk_exponent(w);
       const int64_t offset = chunk_offset(p, t, row, chunk);
-      if constexpr (kNormal) store_row_chunk(p.normal, offset, row, chunk, w, e, s_scale);
-      if constexpr (kRounded) store_rounded_chunk(p.rounded + offset, w, e);
+      if constexpr (kNormalOut) store_row_chunk(p.normal, offset, row, chunk, w, e, s_scale);
+      if constexpr (kRoundedOut) store_rounded_chunk(p.rounded + offset, w, e);
     }
   }
   __syncthreads();
 
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  if constexpr (kTransposed) {
-    uint8_t* out = p.transposed.data + (t.expert * p.cols + t.n0) * p.rows + t.m0;
+  if constexpr (kColumns) {
+    uint8_t* out = nullptr;
+    if constexpr (kTransposedOut) {
+      out = p.transposed.data + (t.expert * p.cols + t.n0) * p.rows + t.m0;
+    }
     // 16 warp tasks per tile: 4 groups of 16 column pairs x 4 blocks of 32 rows.
 #pragma unroll
     for (int task = warp; task < 16; task += kThreads / 32) {
@@ -167,36 +187,49 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const Params p) {
     }
     __syncthreads();
   }
+  if constexpr (kRoundedRowsOut) {  // the row chunks again, with their column blocks' scales
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const int row = pass * kRowsPerPass + row0;
+      uint32_t w[kWordsPerChunk];
+      source.chunk(p, t, pass, row, chunk, w, s_source);
+      store_rounded_rows_chunk(p.rounded_rows + chunk_offset(p, t, row, chunk), w, row, chunk,
+                               s_scale_t);
+    }
+  }
 
-  if (kNormal && warp == 0) {
+  if (kNormalOut && warp == 0) {
     store_scales(p.normal.scale + normal_scale_tile(p, t) * kTileScaleBytes, s_scale, lane);
   }
-  if (kTransposed && warp == 1) {
+  if (kTransposedOut && warp == 1) {
     const int64_t tile = (t.expert * p.tiles_n + t.n_tile) * p.tiles_m + t.m_tile;
     store_scales(p.transposed.scale + tile * kTileScaleBytes, s_scale_t, lane);
   }
   source.store_scales(p, t, s_source, warp, lane);
 }
 
-template <class Source, bool kNormal, bool kRounded, bool kTransposed>
+template <class Source, int kLayouts>
 cudaError_t launch(const Params& p, int64_t tiles, cudaStream_t stream) {
-  quantize_kernel<Source, kNormal, kRounded, kTransposed>
-      <<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(p);
+  quantize_kernel<Source, kLayouts><<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
-// The load-source kernel for the layouts asked for (at least one).
+// The load-source kernel for the layouts asked for: any set of the first three, or the rounded
+// rows alone (what the callers ask for; the binding refuses other sets).
 cudaError_t launch_layouts(const Params& p, int64_t tiles, cudaStream_t stream) {
-  const int layouts = (p.normal.data ? 1 : 0) | (p.rounded ? 2 : 0) | (p.transposed.data ? 4 : 0);
+  const int layouts = (p.normal.data ? kNormal : 0) | (p.rounded ? kRounded : 0) |
+                      (p.transposed.data ? kTransposed : 0) |
+                      (p.rounded_rows ? kRoundedRows : 0);
   switch (layouts) {
-    case 1: return launch<LoadSource, true, false, false>(p, tiles, stream);
-    case 2: return launch<LoadSource, false, true, false>(p, tiles, stream);
-    case 3: return launch<LoadSource, true, true, false>(p, tiles, stream);
-    case 4: return launch<LoadSource, false, false, true>(p, tiles, stream);
-    case 5: return launch<LoadSource, true, false, true>(p, tiles, stream);
-    case 6: return launch<LoadSource, false, true, true>(p, tiles, stream);
-    case 7: return launch<LoadSource, true, true, true>(p, tiles, stream);
-    default: return cudaSuccess;
+    case 1: return launch<LoadSource, 1>(p, tiles, stream);
+    case 2: return launch<LoadSource, 2>(p, tiles, stream);
+    case 3: return launch<LoadSource, 3>(p, tiles, stream);
+    case 4: return launch<LoadSource, 4>(p, tiles, stream);
+    case 5: return launch<LoadSource, 5>(p, tiles, stream);
+    case 6: return launch<LoadSource, 6>(p, tiles, stream);
+    case 7: return launch<LoadSource, 7>(p, tiles, stream);
+    case kRoundedRows: return launch<LoadSource, kRoundedRows>(p, tiles, stream);
+    default: return cudaErrorInvalidValue;
   }
 }
 
@@ -220,6 +253,7 @@ cudaError_t launch_quantize(const QuantizeArgs& args, cudaStream_t stream) {
   p.x = static_cast<const uint16_t*>(args.x);
   p.normal = detail::pair(args.out, args.scale);
   p.rounded = static_cast<uint16_t*>(args.rounded);
+  p.rounded_rows = static_cast<uint16_t*>(args.rounded_rows);
   p.transposed = detail::pair(args.out_t, args.scale_t);
   p.used_rows = args.used_rows;
   const int64_t tiles = args.experts * p.tiles_m * p.tiles_n;
@@ -241,7 +275,8 @@ cudaError_t launch_swiglu_quantize(const SwigluQuantizeArgs& args, cudaStream_t 
   p.used_rows = args.used_rows;
   const int64_t tiles = static_cast<int64_t>(p.tiles_m) * p.tiles_n;
   if (tiles == 0) return cudaSuccess;
-  return detail::launch<detail::SwigluSource, false, true, true>(p, tiles, stream);
+  return detail::launch<detail::SwigluSource, detail::kRounded | detail::kTransposed>(p, tiles,
+                                                                                    stream);
 }
 
 }  // namespace mok::mxfp8

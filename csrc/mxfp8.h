@@ -14,7 +14,8 @@ namespace mok::mxfp8 {
 // Transposed outputs: out_t fp8 [experts, cols, rows],
 //                     scale_t uint8 [experts*cols/128, rows/128, 32, 16].
 // Rounded output: rounded bf16 [experts, rows, cols] = the normal layout's values as
-// launch_dequantize computes them, without storing that layout. A null out/scale pair (or
+// launch_dequantize computes them, without storing that layout; rounded_rows likewise holds the
+// transposed layout's values, in x's layout (asked for alone). A null out/scale pair (or
 // rounded) skips that output. used_rows (device int32 [1], or null for all rows): 128-row tiles
 // at or past *used_rows write nothing (routed rows past the schedule's are never read).
 struct QuantizeArgs {
@@ -24,6 +25,7 @@ struct QuantizeArgs {
   void* out_t = nullptr;
   void* scale_t = nullptr;
   void* rounded = nullptr;
+  void* rounded_rows = nullptr;  // bf16 [experts, rows, cols]: the transposed layout's values
   const int32_t* used_rows = nullptr;
   int64_t experts = 0;
   int64_t rows = 0;

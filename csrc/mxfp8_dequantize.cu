@@ -50,30 +50,46 @@ __global__ void dequantize_kernel(DequantizeArgs args) {
   dst[1] = packed[1];
 }
 
-constexpr int kTileRows = 64;    // input rows per CTA = output columns
-constexpr int kTileCols = 128;   // input columns per CTA = output rows
-constexpr int kPad = 8;          // keeps each staged row 16-byte aligned
-constexpr int kTransposeThreads = kTileRows * kTileCols / kPerThread;  // 512
+constexpr int kTileRows = 64;   // input rows per CTA = output columns
+constexpr int kTileCols = 128;  // input columns per CTA = output rows
+constexpr int kTransposeThreads = kTileRows / 2 * kTileCols / kPerThread;  // 256
+constexpr int kChunksPerStagedRow = kTileRows / 8;                        // 16-byte chunks
 
-__global__ void dequantize_transposed_kernel(DequantizeArgs args) {
-  __shared__ alignas(16) __nv_bfloat16 staged[kTileCols][kTileRows + kPad];
+// Word index in the staged tile (output row c holds the tile's 64 values of input column c as
+// 8 chunks of 8 bf16) of the word holding input rows (r, r+1), r even. The chunk of row group
+// r / 8 is stored at position (r / 8) ^ (c / 16 % 8): the 8 threads of a warp that write the
+// same input rows write columns 16 apart, and without the swizzle every one of them would hit
+// the same bank (it was the transposing dequantize's bottleneck, 8-way conflicts).
+__device__ __forceinline__ int staged_word(int c, int r) {
+  const int chunk = (r / 8) ^ (c / 16 % kChunksPerStagedRow);
+  return c * (kTileRows / 2) + chunk * 4 + (r % 8) / 2;
+}
+
+// Thread t dequantizes input rows (2j, 2j+1), j = t / 8, columns [16k, 16k + 16), k = t % 8, and
+// stages each column's pair as one word; then the tile is written out as 16-byte chunks.
+__global__ void __launch_bounds__(kTransposeThreads) dequantize_transposed_kernel(
+    DequantizeArgs args) {
+  __shared__ alignas(16) uint32_t staged[kTileCols * kTileRows / 2];
   const int64_t row0 = static_cast<int64_t>(blockIdx.y) * kTileRows;
   const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kTileCols;
-  const int local_row = threadIdx.x / (kTileCols / kPerThread);
-  const int local_col = (threadIdx.x % (kTileCols / kPerThread)) * kPerThread;
-  __nv_bfloat16 values[kPerThread];
-  dequantize16(args, row0 + local_row, col0 + local_col, values);
-  for (int i = 0; i < kPerThread; ++i) staged[local_col + i][local_row] = values[i];
+  const int k = threadIdx.x % (kTileCols / kPerThread);
+  const int r = 2 * (threadIdx.x / (kTileCols / kPerThread));
+  __nv_bfloat16 even[kPerThread], odd[kPerThread];
+  dequantize16(args, row0 + r, col0 + k * kPerThread, even);
+  dequantize16(args, row0 + r + 1, col0 + k * kPerThread, odd);
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const __nv_bfloat162 pair(even[i], odd[i]);
+    staged[staged_word(k * kPerThread + i, r)] = *reinterpret_cast<const uint32_t*>(&pair);
+  }
   __syncthreads();
-  // Output row c holds this tile's 64 values as 8 chunks of 8 bf16.
   const int64_t rows_per_expert = args.rows / args.experts;
   const int64_t expert = row0 / rows_per_expert;
   const int64_t r0 = row0 % rows_per_expert;
-  constexpr int kChunks = kTileRows / 8;
-  for (int j = threadIdx.x; j < kTileCols * kChunks; j += blockDim.x) {
-    const int c = j / kChunks;
-    const int part = j % kChunks;
-    const uint4 chunk = *reinterpret_cast<const uint4*>(&staged[c][part * 8]);
+  for (int j = threadIdx.x; j < kTileCols * kChunksPerStagedRow; j += blockDim.x) {
+    const int c = j / kChunksPerStagedRow;
+    const int part = j % kChunksPerStagedRow;
+    const uint4 chunk = *reinterpret_cast<const uint4*>(&staged[staged_word(c, 8 * part)]);
     const int64_t out_row = expert * args.cols + col0 + c;
     auto* dst = static_cast<__nv_bfloat16*>(args.out) + out_row * rows_per_expert + r0 + part * 8;
     *reinterpret_cast<uint4*>(dst) = chunk;

@@ -62,15 +62,20 @@ inline const int32_t* optional_count(const char* name, uintptr_t address) {
 }
 
 inline void mxfp8_quantize(uintptr_t x, uintptr_t out, uintptr_t scale, uintptr_t out_t,
-                           uintptr_t scale_t, uintptr_t rounded, uintptr_t used_rows,
-                           int64_t experts, int64_t rows, int64_t cols, uintptr_t stream) {
+                           uintptr_t scale_t, uintptr_t rounded, uintptr_t rounded_rows,
+                           uintptr_t used_rows, int64_t experts, int64_t rows, int64_t cols,
+                           uintptr_t stream) {
   require(x != 0, "`x` must be a device address, got 0");
   check_pointer("x", x);
   const bool normal = check_pair("out", out, "scale", scale);
   const bool transposed = check_pair("out_t", out_t, "scale_t", scale_t);
   check_pointer("rounded", rounded);
-  require(normal || transposed || rounded != 0,
-          "at least one of `out`, `out_t` and `rounded` must be given");
+  check_pointer("rounded_rows", rounded_rows);
+  const bool others = normal || transposed || rounded != 0;
+  require(others || rounded_rows != 0,
+          "at least one of `out`, `out_t`, `rounded` and `rounded_rows` must be given");
+  require(!others || rounded_rows == 0,
+          "`rounded_rows` is written alone: `out`, `out_t` and `rounded` must then be 0");
   check_tiles(experts, rows, cols);
 
   mxfp8::QuantizeArgs args;
@@ -80,6 +85,7 @@ inline void mxfp8_quantize(uintptr_t x, uintptr_t out, uintptr_t scale, uintptr_
   args.out_t = reinterpret_cast<void*>(out_t);
   args.scale_t = reinterpret_cast<void*>(scale_t);
   args.rounded = reinterpret_cast<void*>(rounded);
+  args.rounded_rows = reinterpret_cast<void*>(rounded_rows);
   args.used_rows = optional_count("used_rows", used_rows);
   args.experts = experts;
   args.rows = rows;
@@ -144,8 +150,9 @@ inline void mxfp8_dequantize(uintptr_t data, uintptr_t scale, uintptr_t out, int
 
 inline void bind_mxfp8(py::module_& m) {
   m.def("mxfp8_quantize", &mxfp8_quantize, py::arg("x"), py::arg("out"), py::arg("scale"),
-        py::arg("out_t"), py::arg("scale_t"), py::arg("rounded"), py::arg("used_rows"),
-        py::arg("experts"), py::arg("rows"), py::arg("cols"), py::arg("stream"),
+        py::arg("out_t"), py::arg("scale_t"), py::arg("rounded"), py::arg("rounded_rows"),
+        py::arg("used_rows"), py::arg("experts"), py::arg("rows"), py::arg("cols"),
+        py::arg("stream"),
         R"doc(Quantize bf16 [experts, rows, cols] to MXFP8 on `stream` (asynchronous).
 
 All buffers are device addresses (0 = layout not wanted), contiguous, 16-byte aligned:
@@ -153,6 +160,7 @@ All buffers are device addresses (0 = layout not wanted), contiguous, 16-byte al
   out      fp8   [experts, rows, cols]       scale    uint8 [experts*rows/128, cols/128, 32, 16]
   out_t    fp8   [experts, cols, rows]       scale_t  uint8 [experts*cols/128, rows/128, 32, 16]
   rounded  bf16  [experts, rows, cols]: the normal layout's values, bf16(e4m3 * 2^(scale-127))
+  rounded_rows  bf16 [experts, rows, cols]: the transposed layout's values (only output)
 used_rows: 0, or an int32 [1] on the device; 128-row tiles at or past it write nothing.
 rows and cols must be multiples of 128. Raises ValueError for bad arguments and RuntimeError
 for a CUDA error.)doc");

@@ -136,29 +136,58 @@ __device__ __forceinline__ float e4m3_value(float y) {
   return __uint_as_float(bits | sign);
 }
 
-// Stores the values a GEMM reads for a row chunk quantized with exponent e, bf16(e4m3 * 2^e),
-// at `dst`: what mxfp8_dequantize writes for the same bytes, computed the same way (an exact
-// fp32 product rounded to bf16).
-__device__ __forceinline__ void store_rounded_chunk(uint16_t* dst,
-                                                    const uint32_t (&w)[kWordsPerChunk], int e) {
-  const float inv = inverse_scale(e);
-  const float scale = scale_value(static_cast<uint32_t>(e + kMaxExponent));
-  const RowElement element{w};
+// What a GEMM reads for element x of a block with inverse scale `inv` = 2^-e and scale 2^e:
+// bf16(e4m3 * 2^e) as mxfp8_dequantize computes it (an exact fp32 product rounded to bf16).
+__device__ __forceinline__ float rounded_value(float x, float inv, float scale) {
+  return __fmul_rn(e4m3_value(x * inv), scale);
+}
+
+// Stores 16 fp32 values as bf16 (round to nearest even) at `dst`, two 16-byte vectors.
+__device__ __forceinline__ void store_bf16x16(uint16_t* dst, const float (&v)[kChunk]) {
   uint32_t packed[kWordsPerChunk];
 #pragma unroll
   for (int j = 0; j < kWordsPerChunk; ++j) {
-    const float lo = __fmul_rn(e4m3_value(element(2 * j) * inv), scale);
-    const float hi = __fmul_rn(e4m3_value(element(2 * j + 1) * inv), scale);
-    const __nv_bfloat162 rounded = __floats2bfloat162_rn(lo, hi);
-    packed[j] = *reinterpret_cast<const uint32_t*>(&rounded);
+    const __nv_bfloat162 pair = __floats2bfloat162_rn(v[2 * j], v[2 * j + 1]);
+    packed[j] = *reinterpret_cast<const uint32_t*>(&pair);
   }
   store16(dst, make_uint4(packed[0], packed[1], packed[2], packed[3]));
   store16(dst + 8, make_uint4(packed[4], packed[5], packed[6], packed[7]));
 }
 
+// Stores the values a GEMM reads for a row chunk quantized (along the row) with exponent e.
+__device__ __forceinline__ void store_rounded_chunk(uint16_t* dst,
+                                                    const uint32_t (&w)[kWordsPerChunk], int e) {
+  const float inv = inverse_scale(e);
+  const float scale = scale_value(static_cast<uint32_t>(e + kMaxExponent));
+  const RowElement element{w};
+  float v[kChunk];
+#pragma unroll
+  for (int i = 0; i < kChunk; ++i) v[i] = rounded_value(element(i), inv, scale);
+  store_bf16x16(dst, v);
+}
+
+// Stores the values a GEMM reads for a row chunk (tile row `row`, columns from 16 * chunk)
+// quantized along the columns, i.e. in blocks of 32 rows: each element's scale byte is the one
+// the transposed quantization staged for its (column, row block) in s_scale_t.
+__device__ __forceinline__ void store_rounded_rows_chunk(uint16_t* dst,
+                                                         const uint32_t (&w)[kWordsPerChunk],
+                                                         int row, int chunk,
+                                                         const uint8_t* s_scale_t) {
+  const RowElement element{w};
+  float v[kChunk];
+#pragma unroll
+  for (int i = 0; i < kChunk; ++i) {
+    const uint32_t byte = s_scale_t[swizzled_scale_offset(chunk * kChunk + i, row / kBlock)];
+    const int e = static_cast<int>(byte) - kMaxExponent;
+    v[i] = rounded_value(element(i), inverse_scale(e), scale_value(byte));
+  }
+  store_bf16x16(dst, v);
+}
+
 // Transposed layout: lane owns column pair `pair` (output rows 2*pair, 2*pair+1) and rows
 // [16*c, 16*c + 16) of the tile; its partner lane (lane ^ 16) holds the other half of the block.
-// `out` points at the tile's first output element: (expert * cols + n0) * rows + m0.
+// `out` points at the tile's first output element: (expert * cols + n0) * rows + m0, or is null
+// when only the scale bytes are wanted (staged in s_scale_t either way).
 __device__ __forceinline__ void quantize_column_chunk(uint8_t* out, int64_t rows, int pair, int c,
                                                       const uint32_t* s_tile,
                                                       uint8_t* s_scale_t) {
@@ -171,9 +200,11 @@ __device__ __forceinline__ void quantize_column_chunk(uint8_t* out, int64_t rows
   amax2 = __vmaxu2(amax2, __shfl_xor_sync(0xffffffffu, amax2, 16));
   const int e_lo = scale_exponent(amax2 & 0xffffu);
   const int e_hi = scale_exponent(amax2 >> 16);
-  uint8_t* base = out + 2 * pair * rows + c * kChunk;
-  store16(base, quantize16(ColumnElement{w, false}, inverse_scale(e_lo)));
-  store16(base + rows, quantize16(ColumnElement{w, true}, inverse_scale(e_hi)));
+  if (out != nullptr) {
+    uint8_t* base = out + 2 * pair * rows + c * kChunk;
+    store16(base, quantize16(ColumnElement{w, false}, inverse_scale(e_lo)));
+    store16(base + rows, quantize16(ColumnElement{w, true}, inverse_scale(e_hi)));
+  }
   if ((c & 1) == 0) {
     s_scale_t[swizzled_scale_offset(2 * pair, c / 2)] = e_lo + kMaxExponent;
     s_scale_t[swizzled_scale_offset(2 * pair + 1, c / 2)] = e_hi + kMaxExponent;

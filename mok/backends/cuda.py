@@ -39,7 +39,7 @@ def mxfp8_quantize(
     asked for is `(None, None)`. NotImplementedError if no module serves the device.
     """
     mxfp8_format._check_flags(return_normal, return_transposed)
-    x_fp8, x_sc, x_fp8_t, x_sc_t, _ = _quantize(x, return_normal, return_transposed, False, None)
+    x_fp8, x_sc, x_fp8_t, x_sc_t, _ = _quantize(x, return_normal, return_transposed, None, None)
     return x_fp8, x_sc, x_fp8_t, x_sc_t
 
 
@@ -51,8 +51,15 @@ def mxfp8_round(x: torch.Tensor, transposed: bool = False, used_rows: torch.Tens
     `used_rows` (int32 [1] on the device, the schedule's `num_tokens`): 128-row tiles at or past
     it are left unwritten in every output, for routed rows, which nothing reads past it.
     """
-    *_, data_t, scale_t, values = _quantize(x, False, transposed, True, used_rows)
+    *_, data_t, scale_t, values = _quantize(x, False, transposed, "rounded", used_rows)
     return values, ((data_t, scale_t) if transposed else None)
+
+
+def mxfp8_round_rows(x: torch.Tensor, used_rows: torch.Tensor | None = None) -> torch.Tensor:
+    """bf16 [M, N]: the values a GEMM reads for x's transposed MXFP8 layout (blocks of 32 rows),
+    in x's layout, i.e. `mxfp8_dequantize(*mxfp8_quantize(x, False, True)[2:], transposed=True)`
+    bit for bit, in one pass. `used_rows` as in `mxfp8_round`."""
+    return _quantize(x, False, False, "rounded_rows", used_rows)[-1]
 
 
 def mxfp8_layout(shape: tuple[int, ...], device: torch.device):
@@ -66,7 +73,9 @@ def mxfp8_layout(shape: tuple[int, ...], device: torch.device):
     return data, scale
 
 
-def _quantize(x, normal: bool, transposed: bool, rounded: bool, used_rows):
+def _quantize(x, normal: bool, transposed: bool, rounded: str | None, used_rows):
+    """One quantize launch; `rounded` names the bf16 values output wanted ("rounded" or
+    "rounded_rows"), returned last."""
     mxfp8_format._check_matrix("x", x, torch.bfloat16)
     if not x.is_cuda:
         raise ValueError(f"`x` must be on a CUDA device, got {x.device}")
@@ -80,6 +89,9 @@ def _quantize(x, normal: bool, transposed: bool, rounded: bool, used_rows):
     t_shape = (*batch, cols, rows)
     x_fp8_t, x_sc_t = mxfp8_layout(t_shape, x.device) if transposed else (None, None)
     values = torch.empty_like(x) if rounded else None
+    value_outputs = {"rounded": 0, "rounded_rows": 0}
+    if rounded:
+        value_outputs[rounded] = values.data_ptr()
     if experts == 0:
         return x_fp8, x_sc, x_fp8_t, x_sc_t, values  # nothing to launch (no valid address)
     _extension.launch(
@@ -90,7 +102,7 @@ def _quantize(x, normal: bool, transposed: bool, rounded: bool, used_rows):
         scale=_address(x_sc),
         out_t=_address(x_fp8_t),
         scale_t=_address(x_sc_t),
-        rounded=_address(values),
+        **value_outputs,
         used_rows=_address(used_rows),
         experts=experts,
         rows=rows,

@@ -36,6 +36,9 @@ class CudaMxfp8:
     def mx_round(self, t: torch.Tensor) -> torch.Tensor:
         return cuda.mxfp8_round(t.to(torch.bfloat16), used_rows=self.num_tokens)[0]
 
+    def mx_round_rows(self, t: torch.Tensor) -> torch.Tensor:
+        return cuda.mxfp8_round_rows(t.to(torch.bfloat16), used_rows=self.num_tokens)
+
     def mx_round_both(self, t: torch.Tensor):
         return cuda.mxfp8_round(t.to(torch.bfloat16), transposed=True, used_rows=self.num_tokens)
 

@@ -63,8 +63,8 @@ class ExpertEngine:
     kernels of their own override the rest: `linears` (several weights, one A), `linear_sum`
     (two products summed in fp32), `weight_grads` (several gradients of one shape), the
     elementwise steps `swiglu`, `swiglu_backward`, `scale_rows` and `dequantize`, and the MXFP8
-    steps `mx_round`, `mx_round_both` and `swiglu_mxfp8`, whose forms here make several passes
-    that a kernel can make in one.
+    steps `mx_round`, `mx_round_rows`, `mx_round_both` and `swiglu_mxfp8`, whose forms here make
+    several passes that a kernel can make in one.
     """
 
     num_experts: int
@@ -97,6 +97,11 @@ class ExpertEngine:
         """The values an MXFP8 GEMM sees for `t` quantized along its last dim."""
         data, scales, _, _ = self.quantize(t.to(torch.bfloat16), True, False)
         return self.dequantize(data, scales)
+
+    def mx_round_rows(self, t: torch.Tensor) -> torch.Tensor:
+        """The values for `t` [R, C] quantized in blocks of 32 rows (the wgrad operands)."""
+        _, _, data_t, scales_t = self.quantize(t.to(torch.bfloat16), False, True)
+        return self.dequantize(data_t, scales_t, transposed=True)
 
     def mx_round_both(self, t: torch.Tensor):
         """`mx_round(t)` and t's row-blocked MXFP8 pair (for a weight gradient) from one
@@ -164,12 +169,6 @@ def swiglu_backward(d_hidden, gate, up, limit: float | None):
         d_gate = torch.where(gate.float() <= limit, d_gate, 0.0)
         d_up = torch.where(up.float().abs() <= limit, d_up, 0.0)
     return d_gate, d_up
-
-
-def mx_round_rows(t: torch.Tensor, gemm) -> torch.Tensor:
-    """The values for `t` [R, C] quantized in blocks of 32 rows (the wgrad operands), fp32."""
-    _, _, data_t, scales_t = gemm.quantize(t.to(torch.bfloat16), False, True)
-    return gemm.dequantize(data_t, scales_t, transposed=True)
 
 
 def _dequant(pair, gemm, transposed: bool = False) -> torch.Tensor:
@@ -283,7 +282,7 @@ class WeightGrads:
         d_y = d_out.to(torch.bfloat16) if rw is None else self.gemm.scale_rows(d_out, rw)
         inputs = (d_gate, d_up, d_y)
         if self.mx:
-            inputs = tuple(mx_round_rows(t, self.gemm) for t in inputs)
+            inputs = tuple(self.gemm.mx_round_rows(t) for t in inputs)
         self._inputs = inputs
 
     def __call__(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -65,7 +65,7 @@ def _kernel(x: torch.Tensor, normal: bool, transposed: bool):
         outs[3] = _poisoned((experts * cols // 128, rows // 128, 32, 16), torch.uint8)
     address = [0 if t is None else t.data_ptr() for t in outs]
     stream = torch.cuda.current_stream().cuda_stream
-    module.mxfp8_quantize(x.data_ptr(), *address, 0, 0, experts, rows, cols, stream)
+    module.mxfp8_quantize(x.data_ptr(), *address, 0, 0, 0, experts, rows, cols, stream)
     return tuple(outs)
 
 
@@ -159,8 +159,8 @@ def _assert_same_values(got: torch.Tensor, want: torch.Tensor, what: str) -> Non
 @pytest.mark.parametrize("special", [False, True], ids=["randn", "special-values"])
 @pytest.mark.parametrize("shape", [(128, 128), (640, 384), (2, 256, 512)], ids=str)
 def test_round_is_quantize_then_dequantize_in_one_pass(shape, special, seed):
-    """mxfp8_round's values == mxfp8_dequantize(normal pair) and its pair == the quantizer's
-    transposed pair, bit for bit."""
+    """mxfp8_round's values == mxfp8_dequantize(normal pair), its pair == the quantizer's
+    transposed pair, and mxfp8_round_rows == the transposed pair dequantized, bit for bit."""
     x = _random_bf16(shape, seed, special)
     data, scales, data_t, scales_t = cuda_backend.mxfp8_quantize(x, True, True)
     want = cuda_backend.mxfp8_dequantize(data, scales)
@@ -170,6 +170,8 @@ def test_round_is_quantize_then_dequantize_in_one_pass(shape, special, seed):
     values, none = cuda_backend.mxfp8_round(x)
     assert none is None
     _assert_same_values(values, want, "rounded values alone")
+    want_rows = cuda_backend.mxfp8_dequantize(data_t, scales_t, transposed=True)
+    _assert_same_values(cuda_backend.mxfp8_round_rows(x), want_rows, "rounded rows")
 
 
 @requires_module
@@ -185,7 +187,7 @@ def test_round_leaves_tiles_past_used_rows_unwritten(seed):
     module = _extension.module_for_device(x.device)
     stream = torch.cuda.current_stream().cuda_stream
     addresses = (out_t.data_ptr(), scale_t.data_ptr(), rounded.data_ptr(), used.data_ptr())
-    module.mxfp8_quantize(x.data_ptr(), 0, 0, *addresses, 1, 640, 384, stream)
+    module.mxfp8_quantize(x.data_ptr(), 0, 0, *addresses[:3], 0, addresses[3], 1, 640, 384, stream)
     every, head, tail = slice(None), slice(None, 256), slice(256, None)
     cases = [
         (rounded, values, (head,), (tail,)),  # rows
@@ -211,16 +213,23 @@ def test_kernel_rejects_bad_arguments():
     out = torch.empty(128 * 128 + 16, dtype=torch.uint8, device="cuda")
     stream = torch.cuda.current_stream().cuda_stream
     o = out.data_ptr()
+
+    def call(out_, scale, out_t, scale_t, rounded, rounded_rows, used, rows):
+        module.mxfp8_quantize(x.data_ptr(), out_, scale, out_t, scale_t, rounded, rounded_rows,
+                              used, 1, rows, 128, stream)  # fmt: skip
+
     with pytest.raises(ValueError, match="16-byte aligned"):
-        module.mxfp8_quantize(x.data_ptr(), o + 1, o, 0, 0, 0, 0, 1, 128, 128, stream)
+        call(o + 1, o, 0, 0, 0, 0, 0, 128)
     with pytest.raises(ValueError, match="multiple of 128"):
-        module.mxfp8_quantize(x.data_ptr(), o, o, 0, 0, 0, 0, 1, 100, 128, stream)
+        call(o, o, 0, 0, 0, 0, 0, 100)
     with pytest.raises(ValueError, match="at least one"):
-        module.mxfp8_quantize(x.data_ptr(), 0, 0, 0, 0, 0, 0, 1, 128, 128, stream)
+        call(0, 0, 0, 0, 0, 0, 0, 128)
     with pytest.raises(ValueError, match="`rounded` must be 16-byte aligned"):
-        module.mxfp8_quantize(x.data_ptr(), 0, 0, 0, 0, o + 2, 0, 1, 128, 128, stream)
+        call(0, 0, 0, 0, o + 2, 0, 0, 128)
     with pytest.raises(ValueError, match="`used_rows` must be 4-byte aligned"):
-        module.mxfp8_quantize(x.data_ptr(), 0, 0, 0, 0, o, o + 1, 1, 128, 128, stream)
+        call(0, 0, 0, 0, o, 0, o + 1, 128)
+    with pytest.raises(ValueError, match="`rounded_rows` is written alone"):
+        call(0, 0, 0, 0, o, o, 0, 128)
 
 
 @requires_module
