@@ -142,16 +142,17 @@ __device__ __forceinline__ float rounded_value(float x, float inv, float scale) 
   return __fmul_rn(e4m3_value(x * inv), scale);
 }
 
-// Stores 16 fp32 values as bf16 (round to nearest even) at `dst`, two 16-byte vectors.
-__device__ __forceinline__ void store_bf16x16(uint16_t* dst, const float (&v)[kChunk]) {
-  uint32_t packed[kWordsPerChunk];
-#pragma unroll
-  for (int j = 0; j < kWordsPerChunk; ++j) {
-    const __nv_bfloat162 pair = __floats2bfloat162_rn(v[2 * j], v[2 * j + 1]);
-    packed[j] = *reinterpret_cast<const uint32_t*>(&pair);
-  }
+// Stores 8 packed bf16 pairs (16 values) at `dst` as two 16-byte vectors.
+__device__ __forceinline__ void store_packed16(uint16_t* dst,
+                                               const uint32_t (&packed)[kWordsPerChunk]) {
   store16(dst, make_uint4(packed[0], packed[1], packed[2], packed[3]));
   store16(dst + 8, make_uint4(packed[4], packed[5], packed[6], packed[7]));
+}
+
+// Two fp32 values as one packed bf16 pair (round to nearest even), the first in the low half.
+__device__ __forceinline__ uint32_t pack_bf16x2(float first, float second) {
+  const __nv_bfloat162 pair = __floats2bfloat162_rn(first, second);
+  return *reinterpret_cast<const uint32_t*>(&pair);
 }
 
 // Stores the values a GEMM reads for a row chunk quantized (along the row) with exponent e.
@@ -159,11 +160,15 @@ __device__ __forceinline__ void store_rounded_chunk(uint16_t* dst,
                                                     const uint32_t (&w)[kWordsPerChunk], int e) {
   const float inv = inverse_scale(e);
   const float scale = scale_value(static_cast<uint32_t>(e + kMaxExponent));
-  const RowElement element{w};
-  float v[kChunk];
+  // Pair by pair: computing all 16 values before packing them took 7 more registers and made
+  // this pass 1.5x slower (1x H200, 27648x7168: 0.364 against 0.237 ms).
+  uint32_t packed[kWordsPerChunk];
 #pragma unroll
-  for (int i = 0; i < kChunk; ++i) v[i] = rounded_value(element(i), inv, scale);
-  store_bf16x16(dst, v);
+  for (int j = 0; j < kWordsPerChunk; ++j) {
+    packed[j] = pack_bf16x2(rounded_value(bf16_lo(w[j]), inv, scale),
+                            rounded_value(bf16_hi(w[j]), inv, scale));
+  }
+  store_packed16(dst, packed);
 }
 
 // Stores the values a GEMM reads for a row chunk (tile row `row`, columns from 16 * chunk)
@@ -173,15 +178,21 @@ __device__ __forceinline__ void store_rounded_rows_chunk(uint16_t* dst,
                                                          const uint32_t (&w)[kWordsPerChunk],
                                                          int row, int chunk,
                                                          const uint8_t* s_scale_t) {
-  const RowElement element{w};
-  float v[kChunk];
+  uint32_t packed[kWordsPerChunk];
 #pragma unroll
-  for (int i = 0; i < kChunk; ++i) {
-    const uint32_t byte = s_scale_t[swizzled_scale_offset(chunk * kChunk + i, row / kBlock)];
-    const int e = static_cast<int>(byte) - kMaxExponent;
-    v[i] = rounded_value(element(i), inverse_scale(e), scale_value(byte));
+  for (int j = 0; j < kWordsPerChunk; ++j) {
+    float pair[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int col = chunk * kChunk + 2 * j + h;
+      const uint32_t byte = s_scale_t[swizzled_scale_offset(col, row / kBlock)];
+      const float x = h ? bf16_hi(w[j]) : bf16_lo(w[j]);
+      pair[h] = rounded_value(x, inverse_scale(static_cast<int>(byte) - kMaxExponent),
+                              scale_value(byte));
+    }
+    packed[j] = pack_bf16x2(pair[0], pair[1]);
   }
-  store_bf16x16(dst, v);
+  store_packed16(dst, packed);
 }
 
 // Transposed layout: lane owns column pair `pair` (output rows 2*pair, 2*pair+1) and rows
