@@ -44,10 +44,10 @@ __device__ void zero_row(void* base, int64_t row, int64_t vectors) {
   for (int64_t v = threadIdx.x; v < vectors; v += blockDim.x) out[v] = make_uint4(0, 0, 0, 0);
 }
 
-// True for this CTA's row past the used rows, after zeroing the row in every output.
 // `output` when its rows past num_tokens are to be zeroed, else null (they stay as they are).
 __device__ void* zeroed_rest(void* output, bool zero_rest) { return zero_rest ? output : nullptr; }
 
+// True for this CTA's row past the used rows, after zeroing the row in every non-null output.
 template <class... Outputs>
 __device__ bool past_used_rows(const int32_t* num_tokens, int64_t vectors, Outputs*... outputs) {
   const int64_t row = blockIdx.x;

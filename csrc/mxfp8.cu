@@ -108,8 +108,7 @@ struct SwigluSource {
     for (int i = 0; i < kWordsPerChunk; ++i) {
       const float lo = swiglu_value(bf16_lo(g[pass][i]), bf16_lo(u[pass][i]), p);
       const float hi = swiglu_value(bf16_hi(g[pass][i]), bf16_hi(u[pass][i]), p);
-      const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-      out[i] = used ? *reinterpret_cast<const uint32_t*>(&h) : 0u;
+      out[i] = used ? pack_bf16x2(lo, hi) : 0u;
     }
     const int64_t offset = chunk_offset(p, t, row, chunk);
     const int e_gate = row_chunk_exponent(g[pass]);
