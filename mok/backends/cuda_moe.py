@@ -74,7 +74,8 @@ class HopperGemms(CudaMxfp8, ExpertEngine):
         # The GEMMs skip each segment's padding rows (peer_rank -1): every routed tensor holds
         # zeros there, so the linear kinds write those zeros themselves and the weight gradients
         # lose nothing by leaving the rows out. Rows past num_tokens (at EP >= 2 about half of a
-        # schedule sized for twice the mean load) are never read, so no kernel writes them.
+        # schedule sized for twice the mean load) feed no result, so no kernel writes them (the
+        # MXFP8 backward's dequantizations still read them, without using the values).
         self.row_source = schedule[0]
         self.rows = schedule[3]
         self.num_tokens = schedule[2]
