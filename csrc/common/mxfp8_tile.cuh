@@ -15,6 +15,7 @@
 
 #include "common/mxfp8_format.hpp"
 #include "common/mxfp8_math.cuh"
+#include "common/mxfp8_round.cuh"
 
 namespace mok::mxfp8::tile {
 
@@ -55,8 +56,14 @@ __device__ __forceinline__ uint4 load16(const void* ptr) {
   return __ldg(reinterpret_cast<const uint4*>(ptr));
 }
 
+// One 16-byte store instruction. Written as a plain uint4 assignment, nvcc split some of these
+// stores into four 4-byte ones (packed bf16 pairs from separate registers), which quartered the
+// store width and made the rounding pass bound by L1/L2 store throughput once its arithmetic got
+// cheap (1x H200, 27648 x 7168: 0.40 ms against 0.24 with the slower arithmetic).
 __device__ __forceinline__ void store16(void* ptr, uint4 value) {
-  *reinterpret_cast<uint4*>(ptr) = value;
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(ptr), "r"(value.x), "r"(value.y),
+               "r"(value.z), "r"(value.w)
+               : "memory");
 }
 
 // The 16 bf16 of a row chunk as 8 packed words, loaded as two 16-byte vectors.
@@ -95,15 +102,31 @@ struct ColumnElement {
   __device__ float operator()(int i) const { return hi ? bf16_hi(w[i]) : bf16_lo(w[i]); }
 };
 
-// The scale exponent of the 32-block holding a 16-element row chunk; the block's amax is shared
-// with the partner thread (lane ^ 1) holding its other half, so every thread of a warp must call
-// this. Clears the sign of NaN elements in `w` (see scan_pair).
-__device__ __forceinline__ int row_chunk_exponent(uint32_t (&w)[kWordsPerChunk]) {
+// A 32-block's scale exponent, and fast_floor_bits for it (0: the exact rounding form).
+struct BlockScale {
+  int e;
+  uint32_t floor_bits;
+};
+
+// The scale of the 32-block holding a 16-element row chunk; the block's amax is shared with the
+// partner thread (lane ^ 1) holding its other half, so every thread of a warp must call this.
+// The common case takes two instructions a pair; a block with a NaN is scanned again the exact
+// way (NaN left out of the maximum, its sign cleared in `w`; see scan_pair).
+__device__ __forceinline__ BlockScale row_chunk_scale(uint32_t (&w)[kWordsPerChunk]) {
   uint32_t amax2 = 0;
 #pragma unroll
-  for (int i = 0; i < kWordsPerChunk; ++i) w[i] = scan_pair(w[i], amax2);
+  for (int i = 0; i < kWordsPerChunk; ++i) amax2 = __vmaxu2(amax2, w[i] & kAbsMask2);
   amax2 = __vmaxu2(amax2, __shfl_xor_sync(0xffffffffu, amax2, 1));
-  return scale_exponent(max(amax2 & 0xffffu, amax2 >> 16));
+  const bool has_nan = __vcmpgtu2(amax2, kInf2) != 0;  // the same in both threads of the pair
+  if (has_nan) {
+    const unsigned pair_lanes = 3u << ((threadIdx.x % 32) & ~1u);
+    amax2 = 0;
+#pragma unroll
+    for (int i = 0; i < kWordsPerChunk; ++i) w[i] = scan_pair(w[i], amax2);
+    amax2 = __vmaxu2(amax2, __shfl_xor_sync(pair_lanes, amax2, 1));
+  }
+  const int e = scale_exponent(max(amax2 & 0xffffu, amax2 >> 16));
+  return {e, fast_floor_bits(e, has_nan)};
 }
 
 // Stores a row chunk quantized with exponent e at element `offset` of `pair` and stages its
@@ -115,33 +138,6 @@ __device__ __forceinline__ void store_row_chunk(const Pair& pair, int64_t offset
   if ((chunk & 1) == 0) s_scale[swizzled_scale_offset(row, chunk / 2)] = e + kMaxExponent;
 }
 
-// The value of to_e4m3(y) as an fp32, from fp32 and integer operations only: E4M3's subnormals
-// (below 2^-6) are the multiples of 2^-9 and its normals keep 3 mantissa bits, both rounded to
-// nearest even; |y| from 448 up (only inf: the scale keeps finite blocks within 448) saturates
-// to 448 and NaN stays NaN, as the saturating conversion does. The cases are told apart on the
-// bits, so no floating-point comparison can misread a NaN. Going through E4M3 bytes and back
-// costs two conversion instructions per element, which made the rounding pass ~2x slower.
-__device__ __forceinline__ float e4m3_value(float y) {
-  const uint32_t sign = __float_as_uint(y) & 0x80000000u;
-  const uint32_t magnitude = __float_as_uint(y) & 0x7fffffffu;
-  if (magnitude > 0x7f800000u) return y;  // NaN
-  uint32_t bits;
-  if (magnitude >= 0x43e00000u) {  // 448 and above
-    bits = 0x43e00000u;
-  } else if (magnitude < 0x3c800000u) {  // below 2^-6: add and subtract 2^14, whose ulp is 2^-9
-    bits = __float_as_uint(__fsub_rn(__fadd_rn(__uint_as_float(magnitude), 16384.0f), 16384.0f));
-  } else {  // round the 20 dropped mantissa bits to nearest even
-    bits = (magnitude + 0x7ffffu + ((magnitude >> 20) & 1u)) & 0xfff00000u;
-  }
-  return __uint_as_float(bits | sign);
-}
-
-// What a GEMM reads for element x of a block with inverse scale `inv` = 2^-e and scale 2^e:
-// bf16(e4m3 * 2^e) as mxfp8_dequantize computes it (an exact fp32 product rounded to bf16).
-__device__ __forceinline__ float rounded_value(float x, float inv, float scale) {
-  return __fmul_rn(e4m3_value(x * inv), scale);
-}
-
 // Stores 8 packed bf16 pairs (16 values) at `dst` as two 16-byte vectors.
 __device__ __forceinline__ void store_packed16(uint16_t* dst,
                                                const uint32_t (&packed)[kWordsPerChunk]) {
@@ -149,48 +145,75 @@ __device__ __forceinline__ void store_packed16(uint16_t* dst,
   store16(dst + 8, make_uint4(packed[4], packed[5], packed[6], packed[7]));
 }
 
-// Two fp32 values as one packed bf16 pair (round to nearest even), the first in the low half.
-__device__ __forceinline__ uint32_t pack_bf16x2(float first, float second) {
-  const __nv_bfloat162 pair = __floats2bfloat162_rn(first, second);
-  return *reinterpret_cast<const uint32_t*>(&pair);
-}
-
-// Stores the values a GEMM reads for a row chunk quantized (along the row) with exponent e.
+// Stores the values a GEMM reads for a row chunk quantized (along the row) with `scale`.
 __device__ __forceinline__ void store_rounded_chunk(uint16_t* dst,
-                                                    const uint32_t (&w)[kWordsPerChunk], int e) {
-  const float inv = inverse_scale(e);
-  const float scale = scale_value(static_cast<uint32_t>(e + kMaxExponent));
-  // Pair by pair: computing all 16 values before packing them took 7 more registers and made
-  // this pass 1.5x slower (1x H200, 27648x7168: 0.364 against 0.237 ms).
+                                                    const uint32_t (&w)[kWordsPerChunk],
+                                                    BlockScale scale) {
   uint32_t packed[kWordsPerChunk];
+  if (scale.floor_bits != 0) {
 #pragma unroll
-  for (int j = 0; j < kWordsPerChunk; ++j) {
-    packed[j] = pack_bf16x2(rounded_value(bf16_lo(w[j]), inv, scale),
-                            rounded_value(bf16_hi(w[j]), inv, scale));
+    for (int j = 0; j < kWordsPerChunk; ++j) {
+      packed[j] = pack_exact_bf16x2(rounded_value_fast(bf16_lo(w[j]), scale.floor_bits),
+                                    rounded_value_fast(bf16_hi(w[j]), scale.floor_bits));
+    }
+  } else {
+    const float inv = inverse_scale(scale.e);
+    const float value = scale_value(static_cast<uint32_t>(scale.e + kMaxExponent));
+    // Pair by pair: computing all 16 values before packing them took 7 more registers and made
+    // this pass 1.5x slower (1x H200, 27648x7168: 0.364 against 0.237 ms).
+#pragma unroll
+    for (int j = 0; j < kWordsPerChunk; ++j) {
+      packed[j] = pack_bf16x2(rounded_value(bf16_lo(w[j]), inv, value),
+                              rounded_value(bf16_hi(w[j]), inv, value));
+    }
   }
   store_packed16(dst, packed);
 }
 
 // Stores the values a GEMM reads for a row chunk (tile row `row`, columns from 16 * chunk)
-// quantized along the columns, i.e. in blocks of 32 rows: each element's scale byte is the one
-// the transposed quantization staged for its (column, row block) in s_scale_t.
+// quantized along the columns, i.e. in blocks of 32 rows: each column block's scale is the one
+// the transposed quantization staged, its floor bits in s_floor ([4 row blocks][128 columns])
+// and its scale byte in s_scale_t.
 __device__ __forceinline__ void store_rounded_rows_chunk(uint16_t* dst,
                                                          const uint32_t (&w)[kWordsPerChunk],
                                                          int row, int chunk,
+                                                         const uint32_t* s_floor,
                                                          const uint8_t* s_scale_t) {
+  const uint4* staged = reinterpret_cast<const uint4*>(s_floor + (row / kBlock) * kTile) +
+                        chunk * (kChunk / 4);
+  uint32_t floor[kChunk];
+#pragma unroll
+  for (int i = 0; i < kChunk / 4; ++i) {
+    const uint4 v = staged[i];
+    floor[4 * i] = v.x;
+    floor[4 * i + 1] = v.y;
+    floor[4 * i + 2] = v.z;
+    floor[4 * i + 3] = v.w;
+  }
+  uint32_t covered = floor[0];
+#pragma unroll
+  for (int i = 1; i < kChunk; ++i) covered = min(covered, floor[i]);
   uint32_t packed[kWordsPerChunk];
+  if (covered != 0) {
 #pragma unroll
-  for (int j = 0; j < kWordsPerChunk; ++j) {
-    float pair[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int col = chunk * kChunk + 2 * j + h;
-      const uint32_t byte = s_scale_t[swizzled_scale_offset(col, row / kBlock)];
-      const float x = h ? bf16_hi(w[j]) : bf16_lo(w[j]);
-      pair[h] = rounded_value(x, inverse_scale(static_cast<int>(byte) - kMaxExponent),
-                              scale_value(byte));
+    for (int j = 0; j < kWordsPerChunk; ++j) {
+      packed[j] = pack_exact_bf16x2(rounded_value_fast(bf16_lo(w[j]), floor[2 * j]),
+                                    rounded_value_fast(bf16_hi(w[j]), floor[2 * j + 1]));
     }
-    packed[j] = pack_bf16x2(pair[0], pair[1]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < kWordsPerChunk; ++j) {
+      float pair[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int col = chunk * kChunk + 2 * j + h;
+        const uint32_t byte = s_scale_t[swizzled_scale_offset(col, row / kBlock)];
+        pair[h] = rounded_value(h ? bf16_hi(w[j]) : bf16_lo(w[j]),
+                                inverse_scale(static_cast<int>(byte) - kMaxExponent),
+                                scale_value(byte));
+      }
+      packed[j] = pack_bf16x2(pair[0], pair[1]);
+    }
   }
   store_packed16(dst, packed);
 }
@@ -198,15 +221,19 @@ __device__ __forceinline__ void store_rounded_rows_chunk(uint16_t* dst,
 // Transposed layout: lane owns column pair `pair` (output rows 2*pair, 2*pair+1) and rows
 // [16*c, 16*c + 16) of the tile; its partner lane (lane ^ 16) holds the other half of the block.
 // `out` points at the tile's first output element: (expert * cols + n0) * rows + m0, or is null
-// when only the scale bytes are wanted (staged in s_scale_t either way).
+// when only the scales are wanted: the scale bytes are staged in s_scale_t either way, and the
+// blocks' fast_floor_bits in s_floor ([4 row blocks][128 columns]) unless it is null.
 __device__ __forceinline__ void quantize_column_chunk(uint8_t* out, int64_t rows, int pair, int c,
-                                                      const uint32_t* s_tile,
-                                                      uint8_t* s_scale_t) {
+                                                      const uint32_t* s_tile, uint8_t* s_scale_t,
+                                                      uint32_t* s_floor) {
   uint32_t w[kChunk];
   uint32_t amax2 = 0;
+  uint32_t with_nan2 = 0;  // the maximum with NaN taking part: above kInf2 where a NaN is
 #pragma unroll
   for (int i = 0; i < kChunk; ++i) {
-    w[i] = scan_pair(s_tile[(c * kChunk + i) * kPitch + pair], amax2);
+    const uint32_t word = s_tile[(c * kChunk + i) * kPitch + pair];
+    with_nan2 = __vmaxu2(with_nan2, word & kAbsMask2);
+    w[i] = scan_pair(word, amax2);
   }
   amax2 = __vmaxu2(amax2, __shfl_xor_sync(0xffffffffu, amax2, 16));
   const int e_lo = scale_exponent(amax2 & 0xffffu);
@@ -216,9 +243,14 @@ __device__ __forceinline__ void quantize_column_chunk(uint8_t* out, int64_t rows
     store16(base, quantize16(ColumnElement{w, false}, inverse_scale(e_lo)));
     store16(base + rows, quantize16(ColumnElement{w, true}, inverse_scale(e_hi)));
   }
-  if ((c & 1) == 0) {
-    s_scale_t[swizzled_scale_offset(2 * pair, c / 2)] = e_lo + kMaxExponent;
-    s_scale_t[swizzled_scale_offset(2 * pair + 1, c / 2)] = e_hi + kMaxExponent;
+  with_nan2 = __vmaxu2(with_nan2, __shfl_xor_sync(0xffffffffu, with_nan2, 16));
+  if ((c & 1) != 0) return;
+  s_scale_t[swizzled_scale_offset(2 * pair, c / 2)] = e_lo + kMaxExponent;
+  s_scale_t[swizzled_scale_offset(2 * pair + 1, c / 2)] = e_hi + kMaxExponent;
+  if (s_floor != nullptr) {
+    uint32_t* floor = s_floor + (c / 2) * kTile + 2 * pair;
+    floor[0] = fast_floor_bits(e_lo, (with_nan2 & 0xffffu) > (kInf2 & 0xffffu));
+    floor[1] = fast_floor_bits(e_hi, (with_nan2 >> 16) > (kInf2 >> 16));
   }
 }
 

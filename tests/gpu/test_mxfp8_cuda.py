@@ -29,7 +29,9 @@ seed = module_seed("mxfp8 cuda")
 
 def _random_bf16(shape: tuple[int, ...], seed: int, special: bool) -> torch.Tensor:
     """Normal data with a wide per-row dynamic range; `special` adds zero blocks, +-inf, NaN,
-    bf16 subnormals and values at the top of the range."""
+    bf16 subnormals, values at the top of the range, and blocks whose scale exponent is at
+    either edge of the kernels' fast rounding form (-121, -120, 98, 99: csrc/common/
+    mxfp8_round.cuh), the largest element 448 * 2^e exactly, the others spread below it."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(shape, generator=gen, device="cuda")
     exponents = torch.randint(-40, 40, (*shape[:-1], 1), generator=gen, device="cuda")
@@ -37,7 +39,11 @@ def _random_bf16(shape: tuple[int, ...], seed: int, special: bool) -> torch.Tens
     if special:
         flat = x.view(-1, 32)
         count = max(1, flat.shape[0] // 64)
-        picks = torch.randint(0, flat.shape[0], (6, count), generator=gen, device="cuda")
+        picks = torch.randint(0, flat.shape[0], (10, count), generator=gen, device="cuda")
+        for pick, exponent in zip(picks[6:], (-121, -120, 98, 99), strict=True):
+            block = flat[pick].float()
+            top = block.abs().amax(dim=-1, keepdim=True).clamp_min(1e-30)
+            flat[pick] = (block / top * 448.0 * 2.0**exponent).to(torch.bfloat16)
         flat[picks[0]] = 0.0
         flat[picks[1], 3] = float("inf")
         flat[picks[2], 7] = float("-inf")

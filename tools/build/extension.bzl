@@ -61,6 +61,7 @@ EXTENSION_HEADERS = [
     "csrc/common/flags.cuh",
     "csrc/common/mxfp8_format.hpp",
     "csrc/common/mxfp8_math.cuh",
+    "csrc/common/mxfp8_round.cuh",
     "csrc/common/mxfp8_tile.cuh",
     "csrc/common/row_copy.cuh",
     "csrc/common/swiglu_math.cuh",
