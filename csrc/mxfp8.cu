@@ -2,11 +2,12 @@
 // and/or the values a GEMM reads for the normal layout (bf16, "rounded"); and the same fused
 // after a SwiGLU (gate, up -> hidden), which also quantizes gate and up on the way.
 //
-// One kernel template serves both: a source policy produces each thread's row chunks of the
-// tile (loaded, or computed from gate and up), the template writes the layouts asked for. See
-// common/mxfp8_tile.cuh for the tile and thread layout. Fusing saves whole passes over the
-// routed rows: the rounded values replace a quantize + dequantize round trip through memory,
-// and the SwiGLU form reads gate and up once for four outputs.
+// One kernel template serves all of them: a source policy produces each thread's row chunks of
+// the tile (loaded from x, gathered from peers' rows by a schedule, or computed from gate and
+// up), the template writes the layouts asked for. See common/mxfp8_tile.cuh for the tile and
+// thread layout. Fusing saves whole passes over the routed rows: the rounded values replace a
+// quantize + dequantize round trip through memory, the gathering form is the dispatch's pull
+// and the rounding in one pass, and the SwiGLU form reads gate and up once for four outputs.
 #include "common/mxfp8_tile.cuh"
 #include "common/swiglu_math.cuh"
 #include "mxfp8.h"
@@ -43,10 +44,12 @@ struct Params {
   Pair gate_q;  // SwigluSource: gate and up, normal layout
   Pair up_q;
   const int32_t* used_rows;  // non-null: tiles at or past *used_rows are skipped
+  GatherArgs gather;         // GatherSource: where row i of the input comes from
   int64_t rows;
   int64_t cols;
   int tiles_m;
   int tiles_n;
+  int64_t tiles;  // experts * tiles_m * tiles_n; a CTA takes tiles blockIdx.x + k * gridDim.x
 };
 
 // Element offset of (row, chunk) of tile t in an [experts, rows, cols] tensor.
@@ -63,6 +66,7 @@ __device__ __forceinline__ int64_t normal_scale_tile(const Params& p, const Tile
 // The tile's rows as they are in x. Every load is issued before any is used: 8 x 16 B in
 // flight per thread.
 struct LoadSource {
+  static constexpr bool kInTurns = false;
   struct Shared {};
   uint32_t w[kPasses][kWordsPerChunk];
 
@@ -82,12 +86,60 @@ struct LoadSource {
   __device__ void store_scales(const Params&, const Tile&, const Shared&, int, int) {}
 };
 
+// The tile's rows gathered as the dispatch pulls them: row i is rank peer_rank[i]'s source row
+// peer_token_idx[i] / divisor (a peer's symmetric buffer through its mapped address), zero on
+// padding rows and on entries outside the group or the source. Loads as LoadSource's, through
+// the coherent path: the rows were written by other GPUs before the barrier that precedes this
+// kernel.
+struct GatherSource {
+  static constexpr bool kInTurns = true;
+  struct Shared {};
+  uint32_t w[kPasses][kWordsPerChunk];
+
+  __device__ GatherSource(const Params& p, const Tile& t, int row0, int chunk) {
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const uint16_t* row = source_row(p, t.m0 + pass * kRowsPerPass + row0);
+      if (row == nullptr) {
+#pragma unroll
+        for (int i = 0; i < kWordsPerChunk; ++i) w[pass][i] = 0u;
+        continue;
+      }
+      const uint4* src = reinterpret_cast<const uint4*>(row + t.n0 + chunk * kChunk);
+      const uint4 a = src[0];
+      const uint4 b = src[1];
+      const uint32_t v[kWordsPerChunk] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+      for (int i = 0; i < kWordsPerChunk; ++i) w[pass][i] = v[i];
+    }
+  }
+
+  __device__ void chunk(const Params&, const Tile&, int pass, int, int,
+                        uint32_t (&out)[kWordsPerChunk], Shared&) {
+#pragma unroll
+    for (int i = 0; i < kWordsPerChunk; ++i) out[i] = w[pass][i];
+  }
+
+  __device__ void store_scales(const Params&, const Tile&, const Shared&, int, int) {}
+
+ private:
+  __device__ static const uint16_t* source_row(const Params& p, int64_t row) {
+    const GatherArgs& g = p.gather;
+    const int rank = g.peer_rank[row];
+    const int32_t index = g.peer_token_idx[row];
+    if (rank < 0 || rank >= g.ep || index < 0 || index / g.divisor >= g.src_rows) return nullptr;
+    const auto* base = reinterpret_cast<const uint16_t*>(g.src_table[rank]);
+    return base + static_cast<int64_t>(index / g.divisor) * p.cols;
+  }
+};
+
 // hidden = bf16(silu(min(gate, L)) * clamp(up, -L, L)), as the SwiGLU kernel rounds it, with
 // gate and up quantized (normal layout) from the same registers. The loads go in a ring of two
 // passes: a pass's 4 x 16 B are issued as soon as the pass two before it is consumed, so loads
 // stay in flight during the SwiGLU math (loading all 4 passes up front took 109 registers, 2
 // CTAs per SM, and 0.370 ms on 1x H200 for 27648 x 3072, against 80 registers and 0.325 ms).
 struct SwigluSource {
+  static constexpr bool kInTurns = false;
   static constexpr int kSlots = 2;
   struct Shared {
     alignas(16) uint8_t gate_scale[kTileScaleBytes];
@@ -144,7 +196,7 @@ struct SwigluSource {
 };
 
 template <class Source, int kLayouts>
-__global__ void __launch_bounds__(kThreads) quantize_kernel(const Params p) {
+__device__ __forceinline__ void quantize_tile(const Params& p, const Tile& t) {
   constexpr bool kNormalOut = kLayouts & kNormal;
   constexpr bool kRoundedOut = kLayouts & kRounded;
   constexpr bool kTransposedOut = kLayouts & kTransposed;
@@ -159,8 +211,6 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const Params p) {
   __shared__ alignas(16) uint32_t s_floor[kRoundedRowsOut ? kTile / kBlock * kTile : 1];
   __shared__ typename Source::Shared s_source;
 
-  const Tile t = locate_tile(p.tiles_m, p.tiles_n);
-  if (p.used_rows != nullptr && t.m0 >= *p.used_rows) return;  // the whole CTA leaves
   const int chunk = threadIdx.x % kChunksPerRow;
   const int row0 = threadIdx.x / kChunksPerRow;
   Source source(p, t, row0, chunk);
@@ -223,36 +273,62 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const Params p) {
 }
 
 template <class Source, int kLayouts>
-cudaError_t launch(const Params& p, int64_t tiles, cudaStream_t stream) {
-  quantize_kernel<Source, kLayouts><<<static_cast<unsigned>(tiles), kThreads, 0, stream>>>(p);
+__device__ __forceinline__ void quantize_tile_at(const Params& p, int64_t id) {
+  const Tile t = locate_tile(id, p.tiles_m, p.tiles_n);
+  if (p.used_rows != nullptr && t.m0 >= *p.used_rows) return;  // the same for the whole CTA
+  quantize_tile<Source, kLayouts>(p, t);
+}
+
+// One tile per CTA, or, for a source that takes turns (Source::kInTurns), tiles blockIdx.x +
+// k * gridDim.x. Only the gathering source loops: the loop cost the other forms registers (the
+// rows-rounding one went from 64 to 152).
+template <class Source, int kLayouts>
+__global__ void __launch_bounds__(kThreads) quantize_kernel(const Params p) {
+  if constexpr (!Source::kInTurns) {
+    quantize_tile_at<Source, kLayouts>(p, blockIdx.x);
+  } else {
+    for (int64_t id = blockIdx.x; id < p.tiles; id += gridDim.x) {
+      quantize_tile_at<Source, kLayouts>(p, id);
+      __syncthreads();  // the next tile reuses the shared buffers
+    }
+  }
+}
+
+// One CTA per tile, or `ctas` CTAs taking the tiles in turn (an exchange in the background of
+// other work keeps to a few SMs).
+template <class Source, int kLayouts>
+cudaError_t launch(const Params& p, cudaStream_t stream, int64_t ctas = 0) {
+  const int64_t grid = ctas > 0 && ctas < p.tiles ? ctas : p.tiles;
+  quantize_kernel<Source, kLayouts><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
 // The load-source kernel for the layouts asked for: any set of the first three, or the rounded
 // rows alone (what the callers ask for; the binding refuses other sets).
-cudaError_t launch_layouts(const Params& p, int64_t tiles, cudaStream_t stream) {
+cudaError_t launch_layouts(const Params& p, cudaStream_t stream) {
   const int layouts = (p.normal.data ? kNormal : 0) | (p.rounded ? kRounded : 0) |
                       (p.transposed.data ? kTransposed : 0) |
                       (p.rounded_rows ? kRoundedRows : 0);
   switch (layouts) {
-    case 1: return launch<LoadSource, 1>(p, tiles, stream);
-    case 2: return launch<LoadSource, 2>(p, tiles, stream);
-    case 3: return launch<LoadSource, 3>(p, tiles, stream);
-    case 4: return launch<LoadSource, 4>(p, tiles, stream);
-    case 5: return launch<LoadSource, 5>(p, tiles, stream);
-    case 6: return launch<LoadSource, 6>(p, tiles, stream);
-    case 7: return launch<LoadSource, 7>(p, tiles, stream);
-    case kRoundedRows: return launch<LoadSource, kRoundedRows>(p, tiles, stream);
+    case 1: return launch<LoadSource, 1>(p, stream);
+    case 2: return launch<LoadSource, 2>(p, stream);
+    case 3: return launch<LoadSource, 3>(p, stream);
+    case 4: return launch<LoadSource, 4>(p, stream);
+    case 5: return launch<LoadSource, 5>(p, stream);
+    case 6: return launch<LoadSource, 6>(p, stream);
+    case 7: return launch<LoadSource, 7>(p, stream);
+    case kRoundedRows: return launch<LoadSource, kRoundedRows>(p, stream);
     default: return cudaErrorInvalidValue;
   }
 }
 
-Params tiled(int64_t rows, int64_t cols) {
+Params tiled(int64_t experts, int64_t rows, int64_t cols) {
   Params p{};
   p.rows = rows;
   p.cols = cols;
   p.tiles_m = static_cast<int>(rows / kTile);
   p.tiles_n = static_cast<int>(cols / kTile);
+  p.tiles = experts * p.tiles_m * p.tiles_n;
   return p;
 }
 
@@ -263,20 +339,31 @@ Pair pair(void* data, void* scale) {
 }  // namespace detail
 
 cudaError_t launch_quantize(const QuantizeArgs& args, cudaStream_t stream) {
-  detail::Params p = detail::tiled(args.rows, args.cols);
+  detail::Params p = detail::tiled(args.experts, args.rows, args.cols);
   p.x = static_cast<const uint16_t*>(args.x);
   p.normal = detail::pair(args.out, args.scale);
   p.rounded = static_cast<uint16_t*>(args.rounded);
   p.rounded_rows = static_cast<uint16_t*>(args.rounded_rows);
   p.transposed = detail::pair(args.out_t, args.scale_t);
   p.used_rows = args.used_rows;
-  const int64_t tiles = args.experts * p.tiles_m * p.tiles_n;
-  if (tiles == 0) return cudaSuccess;
-  return detail::launch_layouts(p, tiles, stream);
+  if (p.tiles == 0) return cudaSuccess;
+  return detail::launch_layouts(p, stream);
+}
+
+cudaError_t launch_gather_round(const QuantizeArgs& args, const GatherArgs& gather, int ctas,
+                                cudaStream_t stream) {
+  detail::Params p = detail::tiled(1, args.rows, args.cols);
+  p.gather = gather;
+  p.rounded = static_cast<uint16_t*>(args.rounded);
+  p.transposed = detail::pair(args.out_t, args.scale_t);
+  p.used_rows = args.used_rows;
+  if (p.tiles == 0) return cudaSuccess;
+  using detail::GatherSource, detail::kRounded, detail::kTransposed;
+  return detail::launch<GatherSource, kRounded | kTransposed>(p, stream, ctas);
 }
 
 cudaError_t launch_swiglu_quantize(const SwigluQuantizeArgs& args, cudaStream_t stream) {
-  detail::Params p = detail::tiled(args.rows, args.inter);
+  detail::Params p = detail::tiled(1, args.rows, args.inter);
   p.gate = static_cast<const uint16_t*>(args.gate);
   p.up = static_cast<const uint16_t*>(args.up);
   p.num_tokens = args.num_tokens;
@@ -287,10 +374,9 @@ cudaError_t launch_swiglu_quantize(const SwigluQuantizeArgs& args, cudaStream_t 
   p.gate_q = detail::pair(args.gate_q, args.gate_scale);
   p.up_q = detail::pair(args.up_q, args.up_scale);
   p.used_rows = args.used_rows;
-  const int64_t tiles = static_cast<int64_t>(p.tiles_m) * p.tiles_n;
-  if (tiles == 0) return cudaSuccess;
-  return detail::launch<detail::SwigluSource, detail::kRounded | detail::kTransposed>(p, tiles,
-                                                                                    stream);
+  if (p.tiles == 0) return cudaSuccess;
+  using detail::SwigluSource, detail::kRounded, detail::kTransposed;
+  return detail::launch<SwigluSource, kRounded | kTransposed>(p, stream);
 }
 
 }  // namespace mok::mxfp8

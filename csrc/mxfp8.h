@@ -35,6 +35,25 @@ struct QuantizeArgs {
 // Enqueues the kernel on `stream`; returns the launch status (never synchronises).
 cudaError_t launch_quantize(const QuantizeArgs& args, cudaStream_t stream);
 
+// Where the rows of a gathering quantize come from, as the dispatch pulls them: row i is rank
+// peer_rank[i]'s source row peer_token_idx[i] / divisor, zero on padding rows (peer_rank < 0)
+// and entries outside the group or the source.
+struct GatherArgs {
+  const uint64_t* src_table = nullptr;  // [ep] every rank's bf16 source [src_rows, cols], mapped
+  const int32_t* peer_rank = nullptr;   // [rows]
+  const int32_t* peer_token_idx = nullptr;
+  int64_t src_rows = 0;
+  int divisor = 1;
+  int ep = 1;
+};
+
+// The MXFP8 forward's dispatch in one pass: gathers args.rows x args.cols routed rows as
+// `gather` says (args.x unused) and writes what the rounding of x writes, args.rounded and the
+// transposed pair (args.out_t, args.scale_t); args.used_rows as there (the schedule's
+// num_tokens). `ctas` > 0 limits the grid (tiles are taken in turn), 0 gives one CTA per tile.
+cudaError_t launch_gather_round(const QuantizeArgs& args, const GatherArgs& gather, int ctas,
+                                cudaStream_t stream);
+
 // The MXFP8 forward's SwiGLU step in one pass over gate and up (bf16 [rows, inter]):
 //   hidden = bf16(silu(min(gate, L)) * clamp(up, -L, L)) for rows < *num_tokens, 0 after (as
 //   the SwiGLU kernel writes it), stored as its rounded values (normal layout) and its

@@ -15,6 +15,7 @@
 #include "api/checks.hpp"
 #include "common/cuda_check.hpp"
 #include "epilogue.h"
+#include "mxfp8.h"
 
 namespace mok::api {
 
@@ -127,6 +128,47 @@ inline void comm_pull_rows(uintptr_t src_table, uintptr_t out, uintptr_t peer_ra
   check_cuda(comm::launch_pull(a, c::stream_of(stream)), "pull_rows kernel launch");
 }
 
+// The MXFP8 forward's dispatch: pull_rows of a bf16 [src_rows, cols] source and the rounding of
+// the pulled rows (mxfp8_quantize's `rounded` and transposed outputs) in one pass, without
+// storing the pulled rows. Tiles at or past num_tokens write nothing.
+inline void comm_pull_round(uintptr_t src_table, uintptr_t peer_rank, uintptr_t peer_token_idx,
+                            uintptr_t num_tokens, int64_t rows, int64_t cols, int64_t src_rows,
+                            int divisor, int ep, uintptr_t rounded, uintptr_t out_t,
+                            uintptr_t scale_t, int ctas, uintptr_t stream) {
+  namespace c = comm_checks;
+  c::group_size(ep);
+  c::address("src_table", src_table, 8);
+  const comm::ScheduleView view = c::schedule(peer_rank, peer_token_idx, num_tokens, rows);
+  c::require(rows % mxfp8::kTile == 0 && cols > 0 && cols % mxfp8::kTile == 0,
+             "`rows` and `cols` must be multiples of 128 (cols > 0), got " +
+                 std::to_string(rows) + " and " + std::to_string(cols));
+  c::require(rows / mxfp8::kTile * (cols / mxfp8::kTile) <= INT32_MAX,
+             "too many 128x128 tiles for one launch: rows=" + std::to_string(rows) +
+                 ", cols=" + std::to_string(cols));
+  c::at_least("src_rows", src_rows, 0);
+  c::at_least("divisor", divisor, 1);
+  c::at_least("ctas", ctas, 0);
+  c::address("rounded", rounded, 16);
+  c::address("out_t", out_t, 16);
+  c::address("scale_t", scale_t, 16);
+  mxfp8::QuantizeArgs args;
+  args.rounded = reinterpret_cast<void*>(rounded);
+  args.out_t = reinterpret_cast<void*>(out_t);
+  args.scale_t = reinterpret_cast<void*>(scale_t);
+  args.used_rows = view.num_tokens;
+  args.rows = rows;
+  args.cols = cols;
+  mxfp8::GatherArgs gather;
+  gather.src_table = reinterpret_cast<const uint64_t*>(src_table);
+  gather.peer_rank = view.peer_rank;
+  gather.peer_token_idx = view.peer_token_idx;
+  gather.src_rows = src_rows;
+  gather.divisor = divisor;
+  gather.ep = ep;
+  check_cuda(mxfp8::launch_gather_round(args, gather, ctas, c::stream_of(stream)),
+             "pull_round kernel launch");
+}
+
 inline void comm_push_rows(uintptr_t rows_data, uintptr_t dst_table, uintptr_t peer_rank,
                            uintptr_t peer_token_idx, uintptr_t num_tokens, int64_t rows,
                            int64_t row_bytes, int64_t dst_rows, int ep, int ctas,
@@ -190,6 +232,14 @@ inline void bind_comm(pybind11::module_& m) {
         py::arg("ctas"), py::arg("zero_rest"), py::arg("stream"),
         "out[i] = rank peer_rank[i]'s source row peer_token_idx[i] // divisor; zero on padding "
         "rows, and on rows >= num_tokens when zero_rest (else left as they are; no barrier).");
+  m.def("comm_pull_round", &comm_pull_round, py::arg("src_table"), py::arg("peer_rank"),
+        py::arg("peer_token_idx"), py::arg("num_tokens"), py::arg("rows"), py::arg("cols"),
+        py::arg("src_rows"), py::arg("divisor"), py::arg("ep"), py::arg("rounded"),
+        py::arg("out_t"), py::arg("scale_t"), py::arg("ctas"), py::arg("stream"),
+        "comm_pull_rows of bf16 rows [rows, cols] and mxfp8_quantize's rounded values and "
+        "transposed pair of the pulled rows in one pass (the pulled rows are not stored); "
+        "128-row tiles at or past num_tokens write nothing; ctas 0: one CTA per tile (no "
+        "barrier).");
   m.def("comm_push_rows", &comm_push_rows, py::arg("rows_data"), py::arg("dst_table"),
         py::arg("peer_rank"), py::arg("peer_token_idx"), py::arg("num_tokens"), py::arg("rows"),
         py::arg("row_bytes"), py::arg("dst_rows"), py::arg("ep"), py::arg("ctas"),

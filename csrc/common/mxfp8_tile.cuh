@@ -41,8 +41,8 @@ struct Tile {
   int n_tile;
 };
 
-__device__ __forceinline__ Tile locate_tile(int tiles_m, int tiles_n) {
-  const int64_t id = blockIdx.x;
+// Tile `id` of [experts, tiles_m, tiles_n] tiles, n fastest.
+__device__ __forceinline__ Tile locate_tile(int64_t id, int tiles_m, int tiles_n) {
   Tile t;
   t.n_tile = static_cast<int>(id % tiles_n);
   t.m_tile = static_cast<int>((id / tiles_n) % tiles_m);

@@ -17,7 +17,7 @@ import os
 
 import torch
 
-from mok.backends import cuda, cuda_comm, cuda_experts, cuda_gemm
+from mok.backends import cuda, cuda_comm, cuda_comm_mxfp8, cuda_experts, cuda_gemm
 from mok.backends.reference_experts import ExpertEngine
 from mok.workspace import MoKWorkspace, workspace_owning
 
@@ -284,6 +284,17 @@ class CudaEngine:
         with self._exchange(background) as ctas:
             return cuda_comm.pull_rows(
                 self.ws, name, schedule, out, **self._pull_options(sync, ctas)
+            )
+
+    def pull_rounded(
+        self, name: str, schedule, gemm, background: bool = False, *, sync=(True, True)
+    ):
+        """`gemm.mx_round_both(self.pull(name, schedule))` in one kernel (cuda_comm_mxfp8): the
+        routed GEMM engines here round as that kernel does (CudaMxfp8), so `gemm` is not called."""
+        before, after = sync
+        with self._exchange(background) as ctas:
+            return cuda_comm_mxfp8.pull_round(
+                self.ws, name, schedule, sync_before=before, sync_after=after, num_ctas=ctas
             )
 
     def pull_router_weights(self, schedule, background: bool = False, *, sync=(True, True)):

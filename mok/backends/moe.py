@@ -4,15 +4,16 @@ These are the bodies of the `dispatch_mlp_swiglu_combine_{fwd,bwd}_{bf16,mxfp8}`
 engine supplies the communication and the GEMMs (reference: collectives and masked fp32
 products; CUDA: NVLink kernels and grouped GEMMs):
 
-| engine method                                   | does                                       |
-|-------------------------------------------------|--------------------------------------------|
-| pull(name, schedule, background, sync)          | dispatch: one row per schedule row         |
-| pull_router_weights(schedule, background, sync) | the fp32 router weight of each row         |
-| push_all(pushes, schedule, background)          | combine: rows into their sources' slots    |
-| join()                                          | later work waits for background exchanges  |
-| routed_gemms(schedule, E)                       | GEMM engine over the expert segments       |
-| shared_gemms(tokens)                            | GEMM engine for the shared expert          |
-| topk                                            | routes per token                           |
+| engine method                                        | does                                      |
+|------------------------------------------------------|-------------------------------------------|
+| pull(name, schedule, background, sync)               | dispatch: one row per schedule row        |
+| pull_rounded(name, schedule, gemm, background, sync) | dispatch + gemm.mx_round_both of the rows |
+| pull_router_weights(schedule, background, sync)      | the fp32 router weight of each row        |
+| push_all(pushes, schedule, background)               | combine: rows into their sources' slots   |
+| join()                                               | later work waits for background exchanges |
+| routed_gemms(schedule, E)                            | GEMM engine over the expert segments      |
+| shared_gemms(tokens)                                 | GEMM engine for the shared expert         |
+| topk                                                 | routes per token                          |
 
 Routed tensors have one row per schedule row (C). Barriers (engines whose exchanges need them):
 a pass has one before its pulls (the sources are written) and none after them, because the
@@ -77,15 +78,18 @@ def forward(engine, x, shared, routed, schedule, limit, mxfp8: bool):
     """
     shared_out = _shared_forward(engine, x, shared, limit)
     gemm = engine.routed_gemms(schedule, schedule[3].shape[0])
-    # MXFP8: the dispatch runs in the background of the weights' dequantization (memory-bound
-    # work that needs nothing from it; 2x H200, EP 2: -0.1 to -0.4 ms, NOTES v8); BF16 has
-    # nothing to put beside it.
-    x_rows = engine.pull("x_buffer", schedule, background=mxfp8, sync=(True, False))
     if mxfp8:
+        # The dispatch, which also rounds the rows (the forward reads them only rounded), runs
+        # in the background of the weights' dequantization: memory-bound work that needs nothing
+        # from it (2x H200, EP 2: -0.1 to -0.4 ms, NOTES v8).
+        x_rounded = engine.pull_rounded(
+            "x_buffer", schedule, gemm, background=True, sync=(True, False)
+        )
         weights = experts.mxfp8_weights(*routed, gemm)
         engine.join()
-        *saved, y = experts.forward_mxfp8(x_rows, weights, gemm, limit)
+        *saved, y = experts.forward_mxfp8(x_rounded, weights, gemm, limit)
     else:
+        x_rows = engine.pull("x_buffer", schedule, sync=(True, False))
         gate, up, hidden, y = experts.forward_bf16(x_rows, *routed, gemm, limit)
         saved = [x_rows, gate, up, hidden]
     engine.push_all([(y, "combine_buffer")], schedule)

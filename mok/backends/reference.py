@@ -153,6 +153,9 @@ class ReferenceEngine:
     def pull(self, name: str, schedule, background=False, *, sync=(True, True)) -> torch.Tensor:
         return pull_rows(self.buffers[name], schedule[0], schedule[1], self.topk, self.group_name)
 
+    def pull_rounded(self, name: str, schedule, gemm, background=False, *, sync=(True, True)):
+        return gemm.mx_round_both(self.pull(name, schedule))
+
     def pull_router_weights(self, schedule, background=False, *, sync=(True, True)):
         weights = self.buffers["router_weight_buffer"]
         return pull_router_weights(weights, schedule[0], schedule[1], self.group_name)

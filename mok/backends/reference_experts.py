@@ -191,14 +191,16 @@ def mxfp8_weights(w_gate, w_up, w_down, gemm):
     return tuple(_dequant(w, gemm) for w in (w_gate, w_up, w_down))
 
 
-def forward_mxfp8(x_rows, weights, gemm, limit):
-    """MXFP8 forward on `weights` = mxfp8_weights(...). Returns the saved MXFP8 tensors and y.
+def forward_mxfp8(x_rounded, weights, gemm, limit):
+    """MXFP8 forward on `weights` = mxfp8_weights(...) and `x_rounded` = (xq, x_t) =
+    gemm.mx_round_both(x_rows), the routed rows' rounding and transposed pair (engines compute
+    it with the dispatch: pull_rounded). Returns the saved MXFP8 tensors and y.
 
     Output: (x_t, gate_q, up_q, hidden_t, y) where x_t/hidden_t are transposed (fp8, scale)
     pairs (blocks along rows, for the weight gradients) and gate_q/up_q normal pairs.
     """
     w_gate, w_up, w_down = weights
-    xq, x_t = gemm.mx_round_both(x_rows)
+    xq, x_t = x_rounded
     gate, up = (t.to(torch.bfloat16) for t in gemm.linears(xq, (w_gate, w_up)))
     hidden_q, hidden_t, gate_q, up_q = gemm.swiglu_mxfp8(gate, up, limit)
     y = gemm.linear(hidden_q, w_down).to(torch.bfloat16)

@@ -37,6 +37,12 @@ class RecordingEngine:
         self.barriers += sum(sync)
         return torch.randn(ROWS, HIDDEN, generator=self.gen).to(torch.bfloat16)
 
+    def pull_rounded(self, name, schedule, gemm, background=False, *, sync=(True, True)):
+        # Rounded as part of the exchange (as the CUDA engine's kernel does), not logged as a
+        # routed step.
+        rows = self.pull(name, schedule, background, sync=sync)
+        return experts.MaskedGemms(gemm.row_expert, gemm.num_experts).mx_round_both(rows)
+
     def pull_router_weights(self, schedule, background=False, *, sync=(True, True)):
         self._exchange("pull router weights", background)
         self.barriers += sum(sync)

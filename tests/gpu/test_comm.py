@@ -39,7 +39,7 @@ from comm_helpers import (
 
 from mok import _extension
 from mok import status as device_status
-from mok.backends import cuda_comm, reference
+from mok.backends import cuda, cuda_comm, cuda_comm_mxfp8, reference
 
 # The fixtures device, seed and workspaces come from tests/gpu/conftest.py (which also skips with
 # the reason when there is no GPU or no module).
@@ -117,6 +117,36 @@ def test_pull_rows_and_router_weights(shape, kind, seed, workspaces):
                 f"pull {name} call {call}, rows past num_tokens",
                 kept[live:],
                 poison(torch.empty_like(out))[live:],
+            ),  # fmt: skip
+        ]
+
+    check_calls(ws, kind, shape[3], gen, one_call)
+
+
+@pytest.mark.parametrize("ctas", [None, 3], ids=["cta-per-tile", "3-ctas"])
+@pytest.mark.parametrize("kind", ROUTINGS)
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+def test_pull_round_is_the_pull_then_the_rounding(shape, kind, ctas, seed, workspaces):
+    """The MXFP8 dispatch in one pass (cuda_comm_mxfp8.pull_round, on its own grid or on a few
+    CTAs taking turns) against pull_rows followed by mxfp8_round with its transposed pair, bit
+    for bit, on the rows below num_tokens (nothing reads, or writes, the rest)."""
+    ws, gen, rng = ws_and_draws(workspaces, seed, "pull_round", shape, kind, ctas)
+
+    def one_call(call: int, sched: tuple[torch.Tensor, ...]) -> list[str | None]:
+        ws.x_buffer.copy_(random_rows(tuple(ws.x_buffer.shape), torch.bfloat16, gen))
+        skew(rng)
+        values, (data_t, scale_t) = cuda_comm_mxfp8.pull_round(ws, "x_buffer", sched, num_ctas=ctas)
+        rows = cuda_comm.pull_rows(ws, "x_buffer", sched)
+        want, (want_t, want_scale_t) = cuda.mxfp8_round(rows, transposed=True)
+        live = int(sched[2].item())
+        what = f"pull_round call {call}"
+        return [
+            bit_mismatch(f"{what}: rounded rows", values[:live], want[:live]),
+            bit_mismatch(f"{what}: transposed data", data_t[:, :live], want_t[:, :live]),
+            bit_mismatch(
+                f"{what}: transposed scales",
+                scale_t[:, : live // 128],
+                want_scale_t[:, : live // 128],
             ),  # fmt: skip
         ]
 
@@ -217,7 +247,17 @@ def test_rejects_bad_arguments(workspaces):
             "combine_buffer",
             sync_before=False,
         )
+    odd = tuple(t[:200] for t in sched[:2]) + sched[2:]
+    with pytest.raises(ValueError, match="multiples of 128"):
+        cuda_comm_mxfp8.pull_round(ws, "x_buffer", odd)
+    with pytest.raises(ValueError, match="num_ctas"):
+        cuda_comm_mxfp8.pull_round(ws, "x_buffer", sched, num_ctas=0)
     module = _extension.module_for_device(ws.device)
+    big = 1 << 20
+    with pytest.raises(ValueError, match="multiples of 128"):
+        module.comm_pull_round(big, big, big, big, 256, 100, 1, 1, 1, big, big, big, 0, 0)
+    with pytest.raises(ValueError, match="ctas"):
+        module.comm_pull_round(big, big, big, big, 256, 128, 1, 1, 1, big, big, big, -1, 0)
     with pytest.raises(ValueError, match="row_bytes"):
         module.comm_pull_rows(
             1 << 20, 1 << 20, 1 << 20, 1 << 20, 1 << 20, 256, 6, 1, 1, 1, 1, True, 0

@@ -1,0 +1,74 @@
+"""The MXFP8 forward's dispatch in one pass: pull the routed rows and round them.
+
+The MXFP8 forward reads the routed rows of x only as their MXFP8 rounding (what a GEMM reads
+for their normal layout) and their transposed (fp8, scale) pair (saved for the weight
+gradient). `pull_round` gathers the rows from the peers' symmetric buffers and writes those two
+outputs directly, so the pulled bf16 rows are never stored and read back: at EP 1 that saves a
+write and a read of every routed row, and beyond it the rounding rides on the NVLink loads.
+Bit for bit `cuda.mxfp8_round(cuda_comm.pull_rows(...), transposed=True, used_rows=num_tokens)`
+on the rows below the schedule's `num_tokens` (GPU tests).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mok.backends import cuda
+from mok.backends.cuda_comm import _PULL_SOURCES, _buffer, _run, _schedule_rows, barrier
+from mok.workspace import MoKWorkspace
+
+_TILE = 128
+
+
+def pull_round(
+    ws: MoKWorkspace,
+    source_buffer_name: str,
+    schedule,
+    *,
+    sync_before: bool = True,
+    sync_after: bool = True,
+    num_ctas: int | None = None,
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """(values, (data_t, scale_t)) of the rows `pull_rows(ws, source_buffer_name, schedule)`
+    would give: `values` bf16 [C, H] their rounded values, `data_t` fp8 [H, C] and `scale_t`
+    uint8 [H/128, C/128, 32, 16] their transposed pair. 128-row tiles at or past the schedule's
+    `num_tokens` (read on the device) are left unwritten, as nothing reads them.
+
+    C (the schedule's rows) and H must be multiples of 128. `num_ctas` limits the kernel to that
+    many CTAs (an exchange in the background); None gives one per 128 x 128 tile. Barriers as
+    in `pull_rows`.
+    """
+    source = _buffer(ws, source_buffer_name, _PULL_SOURCES)
+    peer_rank, peer_token_idx, num_tokens = _schedule_rows(ws, schedule)
+    rows, cols = peer_rank.shape[0], source.shape[1]
+    if rows % _TILE or cols % _TILE:
+        raise ValueError(
+            "pull_round needs schedule rows and hidden size that are multiples of 128, got "
+            f"{rows} rows of {cols}"
+        )
+    if num_ctas is not None and num_ctas < 1:
+        raise ValueError(f"`num_ctas` must be >= 1 or None, got {num_ctas}")
+    values = torch.empty((rows, cols), dtype=torch.bfloat16, device=ws.device)
+    data_t, scale_t = cuda.mxfp8_layout((cols, rows), ws.device)
+    if sync_before:
+        barrier(ws)
+    _run(
+        ws,
+        "comm_pull_round",
+        src_table=ws.peer_ptr_tables[source_buffer_name].data_ptr(),
+        peer_rank=peer_rank.data_ptr(),
+        peer_token_idx=peer_token_idx.data_ptr(),
+        num_tokens=num_tokens.data_ptr(),
+        rows=rows,
+        cols=cols,
+        src_rows=source.shape[0],
+        divisor=ws.topk,
+        ep=ws.ep_size,
+        rounded=values.data_ptr(),
+        out_t=data_t.data_ptr(),
+        scale_t=scale_t.data_ptr(),
+        ctas=num_ctas or 0,
+    )
+    if sync_after:
+        barrier(ws)
+    return values, (data_t, scale_t)
