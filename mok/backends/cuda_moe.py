@@ -289,13 +289,20 @@ class CudaEngine:
     def pull_rounded(
         self, name: str, schedule, gemm, background: bool = False, *, sync=(True, True)
     ):
-        """`gemm.mx_round_both(self.pull(name, schedule))` in one kernel (cuda_comm_mxfp8): the
-        routed GEMM engines here round as that kernel does (CudaMxfp8), so `gemm` is not called."""
-        before, after = sync
-        with self._exchange(background) as ctas:
-            return cuda_comm_mxfp8.pull_round(
-                self.ws, name, schedule, sync_before=before, sync_after=after, num_ctas=ctas
+        """A callable giving `gemm.mx_round_both` of `self.pull(name, schedule)`'s rows; call
+        it after the join. Within one GPU (EP 1) the pull is a local gather that competes with
+        any background work for memory bandwidth, so it pulls and rounds in one pass (one kernel,
+        cuda_comm_mxfp8; the routed GEMM engines here round as it does, CudaMxfp8) and now;
+        across GPUs the pull waits on NVLink, which background work hides, so it pulls (in the
+        background if asked) and rounds when called."""
+        if self.ws.ep_size == 1:
+            before, after = sync
+            rounded = cuda_comm_mxfp8.pull_round(
+                self.ws, name, schedule, sync_before=before, sync_after=after
             )
+            return lambda: rounded
+        rows = self.pull(name, schedule, background, sync=sync)
+        return lambda: gemm.mx_round_both(rows)
 
     def pull_router_weights(self, schedule, background: bool = False, *, sync=(True, True)):
         out = self.ws.router_weight_buffer.new_empty(schedule[0].shape[0])

@@ -7,7 +7,7 @@ products; CUDA: NVLink kernels and grouped GEMMs):
 | engine method                                        | does                                      |
 |------------------------------------------------------|-------------------------------------------|
 | pull(name, schedule, background, sync)               | dispatch: one row per schedule row        |
-| pull_rounded(name, schedule, gemm, background, sync) | dispatch + gemm.mx_round_both of the rows |
+| pull_rounded(name, schedule, gemm, background, sync) | () -> gemm.mx_round_both of pull's rows   |
 | pull_router_weights(schedule, background, sync)      | the fp32 router weight of each row        |
 | push_all(pushes, schedule, background)               | combine: rows into their sources' slots   |
 | join()                                               | later work waits for background exchanges |
@@ -79,15 +79,16 @@ def forward(engine, x, shared, routed, schedule, limit, mxfp8: bool):
     shared_out = _shared_forward(engine, x, shared, limit)
     gemm = engine.routed_gemms(schedule, schedule[3].shape[0])
     if mxfp8:
-        # The dispatch, which also rounds the rows (the forward reads them only rounded), runs
-        # in the background of the weights' dequantization: memory-bound work that needs nothing
-        # from it (2x H200, EP 2: -0.1 to -0.4 ms, NOTES v8).
+        # The forward reads the routed rows only rounded. Engines whose exchange is worth hiding
+        # pull in the background of the weights' dequantization (memory-bound work that needs
+        # nothing from it; 2x H200, EP 2: -0.1 to -0.4 ms, NOTES v8) and round after the join;
+        # others pull and round in one pass (NOTES v10).
         x_rounded = engine.pull_rounded(
             "x_buffer", schedule, gemm, background=True, sync=(True, False)
         )
         weights = experts.mxfp8_weights(*routed, gemm)
         engine.join()
-        *saved, y = experts.forward_mxfp8(x_rounded, weights, gemm, limit)
+        *saved, y = experts.forward_mxfp8(x_rounded(), weights, gemm, limit)
     else:
         x_rows = engine.pull("x_buffer", schedule, sync=(True, False))
         gate, up, hidden, y = experts.forward_bf16(x_rows, *routed, gemm, limit)

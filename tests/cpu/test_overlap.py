@@ -41,7 +41,8 @@ class RecordingEngine:
         # Rounded as part of the exchange (as the CUDA engine's kernel does), not logged as a
         # routed step.
         rows = self.pull(name, schedule, background, sync=sync)
-        return experts.MaskedGemms(gemm.row_expert, gemm.num_experts).mx_round_both(rows)
+        rounded = experts.MaskedGemms(gemm.row_expert, gemm.num_experts).mx_round_both(rows)
+        return lambda: rounded
 
     def pull_router_weights(self, schedule, background=False, *, sync=(True, True)):
         self._exchange("pull router weights", background)
