@@ -63,19 +63,11 @@ __device__ __forceinline__ int64_t normal_scale_tile(const Params& p, const Tile
   return (t.expert * p.tiles_m + t.m_tile) * p.tiles_n + t.n_tile;
 }
 
-// The tile's rows as they are in x. Every load is issued before any is used: 8 x 16 B in
-// flight per thread.
-struct LoadSource {
-  static constexpr bool kInTurns = false;
+// A source whose constructor loads all of the thread's row chunks of the tile into registers
+// (every load issued before any is used: 8 x 16 B in flight per thread).
+struct RegisterRows {
   struct Shared {};
   uint32_t w[kPasses][kWordsPerChunk];
-
-  __device__ LoadSource(const Params& p, const Tile& t, int row0, int chunk) {
-#pragma unroll
-    for (int pass = 0; pass < kPasses; ++pass) {
-      load_chunk(p.x + chunk_offset(p, t, pass * kRowsPerPass + row0, chunk), w[pass]);
-    }
-  }
 
   __device__ void chunk(const Params&, const Tile&, int pass, int, int,
                         uint32_t (&out)[kWordsPerChunk], Shared&) {
@@ -86,15 +78,25 @@ struct LoadSource {
   __device__ void store_scales(const Params&, const Tile&, const Shared&, int, int) {}
 };
 
+// The tile's rows as they are in x.
+struct LoadSource : RegisterRows {
+  static constexpr bool kInTurns = false;
+
+  __device__ LoadSource(const Params& p, const Tile& t, int row0, int chunk) {
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
+      load_chunk(p.x + chunk_offset(p, t, pass * kRowsPerPass + row0, chunk), w[pass]);
+    }
+  }
+};
+
 // The tile's rows gathered as the dispatch pulls them: row i is rank peer_rank[i]'s source row
 // peer_token_idx[i] / divisor (a peer's symmetric buffer through its mapped address), zero on
 // padding rows and on entries outside the group or the source. Loads as LoadSource's, through
 // the coherent path: the rows were written by other GPUs before the barrier that precedes this
 // kernel.
-struct GatherSource {
+struct GatherSource : RegisterRows {
   static constexpr bool kInTurns = true;
-  struct Shared {};
-  uint32_t w[kPasses][kWordsPerChunk];
 
   __device__ GatherSource(const Params& p, const Tile& t, int row0, int chunk) {
 #pragma unroll
@@ -113,14 +115,6 @@ struct GatherSource {
       for (int i = 0; i < kWordsPerChunk; ++i) w[pass][i] = v[i];
     }
   }
-
-  __device__ void chunk(const Params&, const Tile&, int pass, int, int,
-                        uint32_t (&out)[kWordsPerChunk], Shared&) {
-#pragma unroll
-    for (int i = 0; i < kWordsPerChunk; ++i) out[i] = w[pass][i];
-  }
-
-  __device__ void store_scales(const Params&, const Tile&, const Shared&, int, int) {}
 
  private:
   __device__ static const uint16_t* source_row(const Params& p, int64_t row) {

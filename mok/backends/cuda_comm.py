@@ -172,28 +172,43 @@ def _pull(ws, name, source, schedule, out, divisor, sync, num_ctas, zero_rest):
             f"`out` must be a contiguous {source.dtype} {[peer_rank.shape[0], *row_shape]} "
             f"(one row per schedule row of `{name}`), got {list(out.shape)}"
         )
+    run_pull(
+        ws,
+        "comm_pull_rows",
+        name,
+        (peer_rank, peer_token_idx, num_tokens),
+        sync,
+        out=out.data_ptr(),
+        rows=peer_rank.shape[0],
+        row_bytes=source[0].numel() * source.element_size(),
+        src_rows=source.shape[0],
+        divisor=divisor,
+        ctas=num_ctas or _default_ctas(ws.device),
+        zero_rest=zero_rest,
+    )
+    return out
+
+
+def run_pull(ws, kernel: str, name: str, schedule_rows, sync, **arguments) -> None:
+    """Runs a kernel that reads the peers' `name` buffers by the schedule rows (peer_rank,
+    peer_token_idx, num_tokens) between the barriers `sync` = (before, after) asks for; the
+    peer table, the schedule and the group size are passed along with `arguments`."""
+    peer_rank, peer_token_idx, num_tokens = schedule_rows
     sync_before, sync_after = sync
     if sync_before:
         barrier(ws)
     _run(
         ws,
-        "comm_pull_rows",
+        kernel,
         src_table=ws.peer_ptr_tables[name].data_ptr(),
-        out=out.data_ptr(),
         peer_rank=peer_rank.data_ptr(),
         peer_token_idx=peer_token_idx.data_ptr(),
         num_tokens=num_tokens.data_ptr(),
-        rows=peer_rank.shape[0],
-        row_bytes=source[0].numel() * source.element_size(),
-        src_rows=source.shape[0],
-        divisor=divisor,
         ep=ws.ep_size,
-        ctas=num_ctas or _default_ctas(ws.device),
-        zero_rest=zero_rest,
+        **arguments,
     )
     if sync_after:
         barrier(ws)
-    return out
 
 
 def pull_rows(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from mok.backends import cuda
-from mok.backends.cuda_comm import _PULL_SOURCES, _buffer, _run, _schedule_rows, barrier
+from mok.backends.cuda_comm import _PULL_SOURCES, _buffer, _schedule_rows, run_pull
 from mok.workspace import MoKWorkspace
 
 _TILE = 128
@@ -50,25 +50,19 @@ def pull_round(
         raise ValueError(f"`num_ctas` must be >= 1 or None, got {num_ctas}")
     values = torch.empty((rows, cols), dtype=torch.bfloat16, device=ws.device)
     data_t, scale_t = cuda.mxfp8_layout((cols, rows), ws.device)
-    if sync_before:
-        barrier(ws)
-    _run(
+    run_pull(
         ws,
         "comm_pull_round",
-        src_table=ws.peer_ptr_tables[source_buffer_name].data_ptr(),
-        peer_rank=peer_rank.data_ptr(),
-        peer_token_idx=peer_token_idx.data_ptr(),
-        num_tokens=num_tokens.data_ptr(),
+        source_buffer_name,
+        (peer_rank, peer_token_idx, num_tokens),
+        (sync_before, sync_after),
         rows=rows,
         cols=cols,
         src_rows=source.shape[0],
         divisor=ws.topk,
-        ep=ws.ep_size,
         rounded=values.data_ptr(),
         out_t=data_t.data_ptr(),
         scale_t=scale_t.data_ptr(),
         ctas=num_ctas or 0,
     )
-    if sync_after:
-        barrier(ws)
     return values, (data_t, scale_t)
