@@ -281,3 +281,43 @@ def test_profilers_share_options_warm_step_and_report(single_rank_group, tmp_pat
     assert out.shape == (shape.tokens, shape.hidden)
     bench_mok.write_report(tmp_path / "new" / "r.json", {"a": [1]})
     assert json.loads((tmp_path / "new" / "r.json").read_text()) == {"a": [1]}
+
+
+def test_ab_runs_every_arm_in_every_round(tmp_path):
+    """benchmarks/ab.py end to end on CPU: two arms (both the mok under test, as directories),
+    two rounds of run.py's smoke mode, every median in ab.json and the table, and which mok
+    each arm imported."""
+    here = Path(mok.__file__).resolve().parent.parent
+    command = [sys.executable, str(BENCHMARKS / "ab.py"), "--out", str(tmp_path), "--rounds", "2"]
+    command += ["--arm", f"a={here}", "--arm", f"b={here}"]
+    command += ["--", "--smoke", "--shapes", "tiny", "--systems", "mok_bf16"]
+    done = subprocess.run(command, env=_child_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, f"ab.py failed:\n{done.stdout}\n{done.stderr}"
+    data = json.loads((tmp_path / "ab.json").read_text())
+    (row,) = data["rows"]
+    assert (row["system"], row["shape"], row["ep"]) == ("mok_bf16", "tiny", 1)
+    for arm in ("a", "b"):
+        assert len(row[arm]["fwd_ms"]) == len(row[arm]["bwd_ms"]) == 2
+        assert all(ms > 0 for ms in row[arm]["fwd_ms"] + row[arm]["bwd_ms"])
+        assert row[arm]["mok_path"] == str(here / "mok")
+    assert "round 2/2: b" in done.stdout
+    assert "a: fwd / bwd ms" in done.stdout and "b: fwd / bwd ms" in done.stdout
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--arm", "a"], "NAME=PATH"),
+        (["--arm", "a=.", "--arm", "a=."], "must differ"),
+        (["--arm", "a=.", "--rounds", "0"], ">= 1"),
+        (["--arm", "a=.", "--", "--out", "x"], "leave it out"),
+        (["--arm", "a=/nonexistent"], "neither a .whl file nor a directory"),
+    ],
+)
+def test_ab_rejects_bad_arguments(argv, message, tmp_path, capsys):
+    here = str(Path(mok.__file__).resolve().parent.parent)
+    argv = [a.replace("=.", f"={here}") for a in argv]
+    with pytest.raises(SystemExit) as exit_info:
+        _load("ab").parse(["--out", str(tmp_path), *argv])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
