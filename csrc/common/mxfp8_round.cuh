@@ -45,8 +45,9 @@ __device__ __forceinline__ float rounded_value(float x, float inv, float scale) 
 }
 
 // The fast form covers scale exponents in [kFastMinExponent, kFastMaxExponent] for blocks
-// without NaN. Below the range, e - 6 would leave fp32's normal exponents; above it, the
-// rounding constant 2^(E + 20) of the block's largest |x| (E <= e + 8) could overflow.
+// without NaN. Below the range, e - 6 would leave fp32's normal exponents (and fast_floor_bits'
+// 0 means "not covered"); above it, the rounding constant 2^(E + 20) of the block's largest |x|
+// (E <= e + 8) nears fp32's largest binade (it overflows from e = 100 on; 98 keeps a margin).
 constexpr int kFastMinExponent = -120;
 constexpr int kFastMaxExponent = 98;
 
@@ -62,8 +63,9 @@ __device__ __forceinline__ uint32_t fast_floor_bits(int e, bool has_nan) {
 // of |x| = m * 2^E, or below 2^(e-6) for smaller values (its subnormals, spaced 2^(e-9)).
 // Adding c = 2^(max(E, e-6) + 20) puts the sum's ulp exactly there, so the fp32 addition rounds
 // |x| to nearest even on E4M3's grid and subtracting c is exact; the sign goes back on last.
-// Equal to rounded_value for every bf16 x and e in range (checked exhaustively against the
-// reference on the CPU, and bit for bit against quantize + dequantize by the GPU tests).
+// Equal to rounded_value for every bf16 x and e in range: tests/cpu/test_mxfp8_fast_round.py
+// checks the form exhaustively against the reference, the GPU tests the kernels bit for bit
+// against quantize + dequantize.
 __device__ __forceinline__ float rounded_value_fast(float x, uint32_t floor_bits) {
   const uint32_t bits = __float_as_uint(x);
   const uint32_t exponent = max(bits & 0x7f800000u, floor_bits);

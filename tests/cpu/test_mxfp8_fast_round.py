@@ -1,0 +1,76 @@
+"""The CUDA kernels' fast MXFP8 rounding form (csrc/common/mxfp8_round.cuh) against the
+reference, for every finite bf16 value and every scale exponent the form covers.
+
+The kernels round the elements of most blocks to what a GEMM reads (bf16 of the E4M3 element
+times 2^e) with `(|x| + c) - c`, c = 2^(max(E_x, e - 6) + 20), in fp32 with round to nearest
+even, put the sign back and keep the high 16 bits; blocks with a scale exponent outside
+[kFastMinExponent, kFastMaxExponent] (or a NaN) take the exact form. This test computes that form
+with the same IEEE fp32 operations on the CPU and reads the range from the header, so a range or
+a derivation that breaks bit equality with quantize + dequantize fails here, without a GPU; the
+GPU tests check the kernels themselves bit for bit (tests/gpu/test_mxfp8_cuda.py).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from mok import mxfp8
+
+HEADER = Path(__file__).resolve().parents[2] / "csrc" / "common" / "mxfp8_round.cuh"
+if not HEADER.exists():
+    pytest.skip(f"csrc/ is not next to the tests ({HEADER})", allow_module_level=True)
+
+EXPONENT_FIELD = 0x7F800000
+MAGNITUDE = 0x7FFFFFFF
+SIGN = -0x80000000  # int32 bit 31
+
+
+def _constant(name: str) -> int:
+    found = re.search(rf"constexpr int {name} = (-?\d+);", HEADER.read_text())
+    assert found, f"{name} not found in {HEADER}"
+    return int(found.group(1))
+
+
+def _finite_bf16() -> torch.Tensor:
+    values = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16)
+    values = values.view(torch.bfloat16).float()
+    return values[torch.isfinite(values)]
+
+
+def _fast_form(x: torch.Tensor, e: int) -> torch.Tensor:
+    """rounded_value_fast(x, fast_floor_bits(e, false)) as the kernels compute it (fp32)."""
+    bits = x.view(torch.int32)
+    floor_bits = (e - 6 + 127) << 23
+    magic = (torch.clamp(bits & EXPONENT_FIELD, min=floor_bits) + (20 << 23)).view(torch.float32)
+    magnitude = (bits & MAGNITUDE).view(torch.float32)
+    rounded = (magnitude + magic) - magic
+    return (rounded.view(torch.int32) | (bits & SIGN)).view(torch.float32)
+
+
+def test_range_keeps_the_floor_normal_and_the_constant_finite():
+    """fast_floor_bits' value 0 means "not covered", so e - 6 must keep a normal exponent field;
+    a block's largest |x| <= 448 * 2^e has E <= e + 8, and 2^(E + 20) must stay finite."""
+    low, high = _constant("kFastMinExponent"), _constant("kFastMaxExponent")
+    assert low <= high
+    assert low - 6 + 127 >= 1
+    assert high + 8 + 20 + 127 <= 254
+
+
+def test_fast_form_is_quantize_then_dequantize_for_every_bf16():
+    x = _finite_bf16()
+    mismatches = []
+    for e in range(_constant("kFastMinExponent"), _constant("kFastMaxExponent") + 1):
+        block = x[x.abs() <= 448.0 * 2.0**e]  # the values a block with scale 2^e can hold
+        want = (mxfp8.to_e4m3(block * 2.0**-e).float() * 2.0**e).to(torch.bfloat16)
+        got = _fast_form(block, e).view(torch.int32)
+        low_bits_set = (got & 0xFFFF) != 0  # the kernels keep the high half (pack_exact_bf16x2)
+        high = (got >> 16).to(torch.int16)
+        wrong = low_bits_set | (high != want.view(torch.int16))
+        if wrong.any():
+            first = block[wrong][0].item()
+            mismatches.append(f"e={e}: {int(wrong.sum())} values, first x={first!r}")
+    assert not mismatches, "; ".join(mismatches[:5])
