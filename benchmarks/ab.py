@@ -97,16 +97,21 @@ def collect(out: Path, names: list[str], rounds: int) -> list[dict]:
         for r in range(1, rounds + 1):
             data = json.loads((out / f"{name}-{r}" / "results.json").read_text())
             for run in data["runs"]:
-                env = run["env"]
-                for rec in run["records"]:
-                    key = (rec["system"], rec["shape"], rec["ep"])
-                    row = rows.setdefault(key, {"system": key[0], "shape": key[1], "ep": key[2]})
-                    arm = row.setdefault(name, {"fwd_ms": [], "bwd_ms": []})
-                    for pass_ in ("fwd", "bwd"):
-                        arm[f"{pass_}_ms"].append((rec.get(pass_) or {}).get("median_ms"))
-                    arm["mok_path"] = env.get("mok_path")
-                    arm["mok_build_commit"] = env.get("mok_build_commit")
+                _add_run(rows, name, run)
     return list(rows.values())
+
+
+def _add_run(rows: dict[tuple, dict], name: str, run: dict) -> None:
+    """One run.py run's records into `rows`, as arm `name`'s next round."""
+    env = run["env"]
+    for rec in run["records"]:
+        key = (rec["system"], rec["shape"], rec["ep"])
+        row = rows.setdefault(key, {"system": key[0], "shape": key[1], "ep": key[2]})
+        arm = row.setdefault(name, {"fwd_ms": [], "bwd_ms": []})
+        for pass_ in ("fwd", "bwd"):
+            arm[f"{pass_}_ms"].append((rec.get(pass_) or {}).get("median_ms"))
+        arm["mok_path"] = env.get("mok_path")
+        arm["mok_build_commit"] = env.get("mok_build_commit")
 
 
 def table(rows: list[dict], names: list[str]) -> str:
