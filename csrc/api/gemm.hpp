@@ -37,19 +37,19 @@ inline gemm::Kind kind(int value) {
   return static_cast<gemm::Kind>(value);
 }
 
-inline gemm::OperandSet operand_set(const char* suffix, bool wants_c, uintptr_t a, uintptr_t b,
-                                    uintptr_t c, uintptr_t d) {
+// `d` is 0 exactly for kind 2's second set (its products add to the first set's d).
+inline gemm::OperandSet operand_set(const char* suffix, bool has_d, uintptr_t a, uintptr_t b,
+                                    uintptr_t d) {
   const std::string s(suffix);
   address(("a" + s).c_str(), a);
   address(("b" + s).c_str(), b);
-  address(("d" + s).c_str(), d);
-  if (wants_c) {
-    address(("c" + s).c_str(), c);
+  if (has_d) {
+    address(("d" + s).c_str(), d);
   } else {
-    require(c == 0, "`c" + s + "` must be 0: only kind 2 (accumulate) reads a source term");
+    require(d == 0, "`d" + s + "` must be 0: kind 2 writes its sum to `d`");
   }
   return {reinterpret_cast<const void*>(a), reinterpret_cast<const void*>(b),
-          reinterpret_cast<const void*>(c), reinterpret_cast<void*>(d)};
+          reinterpret_cast<void*>(d)};
 }
 
 }  // namespace gemm_checks
@@ -70,19 +70,19 @@ inline int64_t grouped_gemm_scratch_bytes(int kind, int groups, int sm_count) {
   return static_cast<int64_t>(gemm::scratch_bytes(static_cast<gemm::Kind>(kind), groups, sm_count));
 }
 
-inline void grouped_gemm(int kind, uintptr_t a, uintptr_t b, uintptr_t c, uintptr_t d,
-                         uintptr_t a2, uintptr_t b2, uintptr_t c2, uintptr_t d2, uintptr_t rows,
-                         uintptr_t row_source, int experts, int64_t n, int64_t k,
-                         int64_t total_rows, int sm_count, uintptr_t scratch,
-                         int64_t scratch_bytes, uintptr_t stream) {
+inline void grouped_gemm(int kind, uintptr_t a, uintptr_t b, uintptr_t d, uintptr_t a2,
+                         uintptr_t b2, uintptr_t d2, uintptr_t rows, uintptr_t row_source,
+                         int experts, int64_t n, int64_t k, int64_t total_rows, int sm_count,
+                         uintptr_t scratch, int64_t scratch_bytes, uintptr_t stream) {
   namespace check = gemm_checks;
   require_grouped_gemm();
   gemm::GroupedArgs args;
   args.kind = check::kind(kind);
-  const bool wants_c = args.kind == gemm::Kind::kLinearTransposedAccumulate;
-  args.sets[0] = check::operand_set("", wants_c, a, b, c, d);
-  const bool second = a2 != 0 || b2 != 0 || c2 != 0 || d2 != 0;
-  if (second) args.sets[1] = check::operand_set("2", wants_c, a2, b2, c2, d2);
+  const bool paired = args.kind == gemm::Kind::kLinearTransposedPair;
+  args.sets[0] = check::operand_set("", true, a, b, d);
+  const bool second = a2 != 0 || b2 != 0 || d2 != 0;
+  check::require(second || !paired, "kind 2 needs its second pair (`a2`, `b2`)");
+  if (second) args.sets[1] = check::operand_set("2", !paired, a2, b2, d2);
   args.num_sets = second ? 2 : 1;
   check::require(rows != 0 && rows % 4 == 0,
                  "`rows` must be a 4-byte aligned device address, got " + std::to_string(rows));
@@ -91,12 +91,16 @@ inline void grouped_gemm(int kind, uintptr_t a, uintptr_t b, uintptr_t c, uintpt
                  "`row_source` must be 0 or a 4-byte aligned device address, got " +
                      std::to_string(row_source));
   args.row_source = reinterpret_cast<const int32_t*>(row_source);
-  check::require(experts >= 1 && experts * args.num_sets <= 1024,
-                 "`experts` times the operand sets must be in [1, 1024], got " +
-                     std::to_string(experts) + " x " + std::to_string(args.num_sets));
+  const int groups_per_expert = paired ? 1 : args.num_sets;
+  check::require(experts >= 1 && experts * groups_per_expert <= 1024,
+                 "`experts` times the groups per expert must be in [1, 1024], got " +
+                     std::to_string(experts) + " x " + std::to_string(groups_per_expert));
   args.experts = experts;
   check::extent("n", n);
   check::extent("k", k);
+  check::require(!paired || k % gemm::kTileK == 0,
+                 "`k` must be a multiple of " + std::to_string(gemm::kTileK) +
+                     " for kind 2 (each pair's tiles are whole), got " + std::to_string(k));
   args.n = n;
   args.k = k;
   check::require(total_rows >= 0,
@@ -122,8 +126,8 @@ inline void bind_gemm(pybind11::module_& m) {
   m.def("grouped_gemm_scratch_bytes", &grouped_gemm_scratch_bytes, py::arg("kind"),
         py::arg("groups"), py::arg("sm_count"),
         "Device scratch bytes one grouped_gemm launch of `groups` groups needs.");
-  m.def("grouped_gemm", &grouped_gemm, py::arg("kind"), py::arg("a"), py::arg("b"), py::arg("c"),
-        py::arg("d"), py::arg("a2"), py::arg("b2"), py::arg("c2"), py::arg("d2"), py::arg("rows"),
+  m.def("grouped_gemm", &grouped_gemm, py::arg("kind"), py::arg("a"), py::arg("b"), py::arg("d"),
+        py::arg("a2"), py::arg("b2"), py::arg("d2"), py::arg("rows"),
         py::arg("row_source"), py::arg("experts"), py::arg("n"), py::arg("k"),
         py::arg("total_rows"), py::arg("sm_count"), py::arg("scratch"), py::arg("scratch_bytes"),
         py::arg("stream"),
@@ -134,10 +138,10 @@ inline void bind_gemm(pybind11::module_& m) {
 segment's rows after its last routed one then get no tiles (zero rows in d, left out of kind 3).
 kind 0: d[seg] bf16 [R, n] = a[seg] bf16 [R, k] @ b[e]^T, b bf16 [E, n, k]
 kind 1: d[seg] fp32 [R, n] = a[seg] @ b[e], b bf16 [E, k, n]
-kind 2: d[seg] bf16 = c[seg] fp32 + a[seg] @ b[e]
+kind 2: d[seg] bf16 = a[seg] @ b[e] + a2[seg] @ b2[e] (b, b2 [E, k, n]; d2 = 0; k a multiple of 64)
 kind 3: d[e] bf16 [k, n] = a[seg]^T @ b[seg], a bf16 [rows, k], b bf16 [rows, n]; zeros if R = 0
 kinds 0-2 also zero d's rows from sum(rows) to total_rows (0 = leave them).
-A second operand set (a2, b2, c2, d2; all 0 if unused) runs in the same launch. n and k must be
+A second operand set (a2, b2, d2; all 0 if unused) runs in the same launch. n and k must be
 multiples of 8 and every address 16-byte aligned.)doc");
 }
 

@@ -29,7 +29,7 @@ constexpr KindEntry entry() {
 constexpr KindEntry kEntries[kKinds] = {
     entry<Kind::kLinear>(),
     entry<Kind::kLinearTransposed>(),
-    entry<Kind::kLinearTransposedAccumulate>(),
+    entry<Kind::kLinearTransposedPair>(),
     entry<Kind::kWeightGrad>(),
 };
 

@@ -2,7 +2,8 @@
 //
 // Every GEMM runs over the schedule's expert segments: `rows[g]` consecutive routed rows per
 // local expert (multiples of 256, read on the device), so a launch needs no host sync. One
-// launch may cover two operand sets (gate and up): groups = sets * experts. Given the schedule's
+// launch may cover two operand sets (gate and up): groups = sets * experts (one per expert
+// where the two sets are one reduction's halves, kLinearTransposedPair). Given the schedule's
 // row sources, a segment's trailing padding rows (source -1, zero rows) get no tiles: the
 // linear kinds write them as zeros, the weight gradient leaves them out of its sum.
 #pragma once
@@ -20,20 +21,21 @@ enum class Kind : int {
   kLinear = 0,
   // D (fp32) = A[row0:, :K] @ B[e]; A bf16 [rows, K], B bf16 [E, K, N].
   kLinearTransposed = 1,
-  // D (bf16) = C (fp32) + A[row0:, :K] @ B[e]; the second half of a two-term dgrad.
-  kLinearTransposedAccumulate = 2,
+  // D (bf16) = A[row0:, :K] @ B[e] + A2[row0:, :K] @ B2[e] in one fp32 accumulation (sets[0]
+  // holds A, B, D; sets[1] A2, B2): the backward's d_x. K must be a multiple of kTileK.
+  kLinearTransposedPair = 2,
   // D[e] (bf16 [M, N]) = A[row0:row0+R, :M]^T @ B[row0:row0+R, :N]; empty experts get zeros.
   kWeightGrad = 3,
 };
 
 constexpr int kKinds = 4;
 constexpr int kMaxSets = 2;
+constexpr int kTileK = 64;  // the K depth of every kind's tiles
 
 struct OperandSet {
   const void* a = nullptr;
   const void* b = nullptr;
-  const void* c = nullptr;  // kLinearTransposedAccumulate only
-  void* d = nullptr;
+  void* d = nullptr;  // null for kLinearTransposedPair's second set
 };
 
 struct GroupedArgs {

@@ -22,65 +22,62 @@
 #include "cutlass/gemm/group_array_problem_shape.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "gemm/grouped.h"
+#include "gemm/paired_mainloop.cuh"
 #include "gemm/tables.cuh"
 
 namespace mok::gemm::detail {
 
 // LayoutA/LayoutB in CUTLASS's terms: A is M x K (RowMajor = K contiguous), B is K x N
-// (ColumnMajor = K contiguous). ElementC = void: no source term.
-template <Kind kKind, class LayoutA, class LayoutB, class ElementC, class ElementD>
+// (ColumnMajor = K contiguous). No kind reads a source term (C).
+template <Kind kKind, class LayoutA, class LayoutB, class ElementD>
 struct GroupedGemm {
   static constexpr Kind kind = kKind;
+  static constexpr bool kPaired = kKind == Kind::kLinearTransposedPair;
   using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
   using Element = cutlass::bfloat16_t;
+  using ElementC = void;
   using Accumulator = float;
-  using TileShape = cute::Shape<cute::_128, cute::_256, cute::_64>;
+  using TileShape = cute::Shape<cute::_128, cute::_256, cute::Int<kTileK>>;
   using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
   static constexpr int kAlignment = 16 / sizeof(Element);
   static constexpr int kAlignmentD = 16 / sizeof(ElementD);
-  static constexpr int kAlignmentC = [] {
-    if constexpr (std::is_void_v<ElementC>) {
-      return kAlignmentD;
-    } else {
-      return static_cast<int>(16 / sizeof(ElementC));
-    }
-  }();
 
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, Accumulator, Accumulator, ElementC,
-      cutlass::layout::RowMajor*, kAlignmentC, ElementD, cutlass::layout::RowMajor*, kAlignmentD,
+      cutlass::layout::RowMajor*, kAlignmentD, ElementD, cutlass::layout::RowMajor*, kAlignmentD,
       cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
       cutlass::epilogue::fusion::LinearCombination<ElementD, Accumulator, ElementC,
                                                    Accumulator>>::CollectiveOp;
 
-  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+  using BuiltMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA*, kAlignment,
       Element, LayoutB*, kAlignment, Accumulator, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename Epilogue::SharedStorage))>,
       cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
+  using Mainloop =
+      std::conditional_t<kPaired, PairedKMainloop<BuiltMainloop>, BuiltMainloop>;
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
   using Device = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
-  using Tables = GroupTables<ProblemShape::UnderlyingProblemShape, Element, ElementC, ElementD, typename Kernel::InternalStrideA,
-                             typename Kernel::InternalStrideB, typename Kernel::InternalStrideC,
-                             typename Kernel::InternalStrideD>;
+  using Tables = GroupTables<ProblemShape::UnderlyingProblemShape, Element, ElementD,
+                             typename Kernel::InternalStrideA, typename Kernel::InternalStrideB,
+                             typename Kernel::InternalStrideC, typename Kernel::InternalStrideD>;
 
   static typename Device::Arguments arguments(const Tables& tables, int groups, int device,
                                               int sm_count) {
     cutlass::KernelHardwareInfo hw_info;
     hw_info.device_id = device;
     hw_info.sm_count = sm_count;
-    typename Device::Arguments args{
-        cutlass::gemm::GemmUniversalMode::kGrouped,
-        {groups, tables.shapes, nullptr},
-        {tables.a, tables.stride_a, tables.b, tables.stride_b},
-        {{}, tables.c, tables.stride_c, tables.d, tables.stride_d},
-        hw_info};
+    typename Device::Arguments args{cutlass::gemm::GemmUniversalMode::kGrouped,
+                                    {groups, tables.shapes, nullptr},
+                                    mainloop_arguments(tables),
+                                    {{}, nullptr, tables.stride_c, tables.d, tables.stride_d},
+                                    hw_info};
     auto& fusion = args.epilogue.thread;
     fusion.alpha = 1.0f;
-    fusion.beta = std::is_void_v<ElementC> ? 0.0f : 1.0f;
+    fusion.beta = 0.0f;
     fusion.alpha_ptr = nullptr;
     fusion.beta_ptr = nullptr;
     fusion.alpha_ptr_array = nullptr;
@@ -90,6 +87,19 @@ struct GroupedGemm {
     return args;
   }
 
+  static typename Mainloop::Arguments mainloop_arguments(const Tables& tables) {
+    if constexpr (kPaired) {
+      return {{tables.a, tables.stride_a, tables.b, tables.stride_b}, tables.a2, tables.b2};
+    } else {
+      return {tables.a, tables.stride_a, tables.b, tables.stride_b};
+    }
+  }
+
+  // A launch's groups: one per expert and operand set, or per expert where the sets are pairs.
+  static int groups_of(const GroupedArgs& args) {
+    return kPaired ? args.experts : args.num_sets * args.experts;
+  }
+
   static size_t scratch_bytes(int groups, int sm_count) {
     const size_t table_bytes = Tables::bytes(groups);
     Tables placeholder = Tables::carve(nullptr, groups);
@@ -97,7 +107,7 @@ struct GroupedGemm {
   }
 
   static cudaError_t launch(const GroupedArgs& args, cudaStream_t stream) {
-    const int groups = args.num_sets * args.experts;
+    const int groups = groups_of(args);
     int device = 0;
     cudaError_t status = cudaGetDevice(&device);
     if (status != cudaSuccess) return status;
@@ -108,7 +118,7 @@ struct GroupedGemm {
     }
     if (scratch_bytes(groups, sm_count) > args.scratch_bytes) return cudaErrorInvalidValue;
     Tables tables = Tables::carve(args.scratch, groups);
-    status = fill_tables<kKind>(args, tables, stream);
+    status = fill_tables<kKind>(args, tables, groups, stream);
     if (status != cudaSuccess) return status;
     Device gemm;
     auto gemm_args = arguments(tables, groups, device, sm_count);
@@ -137,9 +147,9 @@ size_t scratch_kind(int groups, int sm_count);
 }  // namespace mok::gemm::detail
 
 // Instantiates one Kind's GEMM in its own translation unit (they compile in parallel).
-#define MOK_DEFINE_GROUPED_KIND(KIND, LAYOUT_A, LAYOUT_B, ELEMENT_C, ELEMENT_D)                  \
+#define MOK_DEFINE_GROUPED_KIND(KIND, LAYOUT_A, LAYOUT_B, ELEMENT_D)                             \
   namespace mok::gemm::detail {                                                                  \
-  using Gemm##KIND = GroupedGemm<Kind::KIND, LAYOUT_A, LAYOUT_B, ELEMENT_C, ELEMENT_D>;           \
+  using Gemm##KIND = GroupedGemm<Kind::KIND, LAYOUT_A, LAYOUT_B, ELEMENT_D>;                      \
   template <>                                                                                    \
   cudaError_t launch_kind<Kind::KIND>(const GroupedArgs& args, cudaStream_t stream) {            \
     return Gemm##KIND::launch(args, stream);                                                     \

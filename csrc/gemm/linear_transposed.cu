@@ -3,5 +3,5 @@
 #if defined(MOK_ARCH_sm_90a)
 #include "gemm/grouped_kernel.cuh"
 MOK_DEFINE_GROUPED_KIND(kLinearTransposed, cutlass::layout::RowMajor, cutlass::layout::RowMajor,
-                        void, float)
+                        float)
 #endif

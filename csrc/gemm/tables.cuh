@@ -22,11 +22,10 @@ inline __host__ __device__ size_t round_up(size_t bytes) {
   return (bytes + kTableAlignment - 1) / kTableAlignment * kTableAlignment;
 }
 
-template <class Shape, class Element, class ElementC, class ElementD, class StrideA, class StrideB,
-          class StrideC, class StrideD>
+template <class Shape, class Element, class ElementD, class StrideA, class StrideB, class StrideC,
+          class StrideD>
 struct GroupTables {
   using ElementAB = Element;
-  using ElementSource = ElementC;  // void: no source term
   using ElementOut = ElementD;
   using StrideTypeA = StrideA;
   using StrideTypeB = StrideB;
@@ -36,7 +35,8 @@ struct GroupTables {
   Shape* shapes;
   const Element** a;
   const Element** b;
-  const ElementC** c;
+  const Element** a2;  // kLinearTransposedPair's second pair
+  const Element** b2;
   ElementD** d;
   StrideA* stride_a;
   StrideB* stride_b;
@@ -46,7 +46,7 @@ struct GroupTables {
 
   static size_t bytes(int groups) {
     const size_t g = static_cast<size_t>(groups);
-    return round_up(g * sizeof(Shape)) + 4 * round_up(g * sizeof(void*)) +
+    return round_up(g * sizeof(Shape)) + 5 * round_up(g * sizeof(void*)) +
            round_up(g * sizeof(StrideA)) + round_up(g * sizeof(StrideB)) +
            round_up(g * sizeof(StrideC)) + round_up(g * sizeof(StrideD)) +
            round_up(g * sizeof(int32_t));
@@ -65,7 +65,8 @@ struct GroupTables {
     t.shapes = reinterpret_cast<Shape*>(take(sizeof(Shape)));
     t.a = reinterpret_cast<const Element**>(take(sizeof(void*)));
     t.b = reinterpret_cast<const Element**>(take(sizeof(void*)));
-    t.c = reinterpret_cast<const ElementC**>(take(sizeof(void*)));
+    t.a2 = reinterpret_cast<const Element**>(take(sizeof(void*)));
+    t.b2 = reinterpret_cast<const Element**>(take(sizeof(void*)));
     t.d = reinterpret_cast<ElementD**>(take(sizeof(void*)));
     t.stride_a = reinterpret_cast<StrideA*>(take(sizeof(StrideA)));
     t.stride_b = reinterpret_cast<StrideB*>(take(sizeof(StrideB)));
@@ -104,7 +105,8 @@ __device__ __forceinline__ int routed_rows(const int32_t* source, int64_t row0, 
   return rows > kMaxPaddingRows ? rows - kMaxPaddingRows : 0;
 }
 
-// Group g = set * experts + e (one warp each). Segment e starts at row0 = sum(rows[:e]).
+// Group g = set * experts + e (one warp each; g = e for kLinearTransposedPair, whose two sets
+// are one group's halves of K). Segment e starts at row0 = sum(rows[:e]).
 template <Kind kKind, class Tables>
 __global__ void fill_tables_kernel(GroupedArgs args, Tables tables) {
   const int g = static_cast<int>(blockIdx.x);
@@ -117,7 +119,6 @@ __global__ void fill_tables_kernel(GroupedArgs args, Tables tables) {
   tables.used[g] = used;
   const OperandSet& s = args.sets[set];
   using Element = typename Tables::ElementAB;
-  using ElementC = typename Tables::ElementSource;
   using ElementD = typename Tables::ElementOut;
   using StrideA = typename Tables::StrideTypeA;
   using StrideB = typename Tables::StrideTypeB;
@@ -139,18 +140,18 @@ __global__ void fill_tables_kernel(GroupedArgs args, Tables tables) {
     tables.stride_a[g] = leading_stride<StrideA>(k);
     tables.stride_b[g] = leading_stride<StrideB>(n);
   } else {
-    tables.shapes[g] = {used, static_cast<int>(n), static_cast<int>(k)};
+    const bool paired = kKind == Kind::kLinearTransposedPair;
+    tables.shapes[g] = {used, static_cast<int>(n), static_cast<int>(paired ? 2 * k : k)};
     tables.a[g] = a + row0 * k;
     tables.b[g] = b + e * n * k;
     tables.d[g] = d + row0 * n;
     tables.stride_a[g] = leading_stride<StrideA>(k);
     // kLinear: B[e] is [N, K] (K contiguous); the transposed kinds: [K, N] (N contiguous).
     tables.stride_b[g] = leading_stride<StrideB>(kKind == Kind::kLinear ? k : n);
-  }
-  if constexpr (std::is_void_v<ElementC>) {
-    tables.c[g] = nullptr;  // no source term
-  } else {
-    tables.c[g] = static_cast<const ElementC*>(s.c) + row0 * n;
+    if (paired) {  // the same shapes and strides as the first pair
+      tables.a2[g] = static_cast<const Element*>(args.sets[1].a) + row0 * k;
+      tables.b2[g] = static_cast<const Element*>(args.sets[1].b) + e * n * k;
+    }
   }
   tables.stride_c[g] = leading_stride<StrideC>(n);
   tables.stride_d[g] = leading_stride<StrideD>(n);
@@ -195,15 +196,16 @@ __global__ void zero_uncomputed_rows_kernel(GroupedArgs args, const int32_t* use
 }
 
 template <Kind kKind, class Tables>
-cudaError_t fill_tables(const GroupedArgs& args, const Tables& tables, cudaStream_t stream) {
-  const int groups = args.num_sets * args.experts;
+cudaError_t fill_tables(const GroupedArgs& args, const Tables& tables, int groups,
+                        cudaStream_t stream) {
   fill_tables_kernel<kKind><<<groups, kWarp, 0, stream>>>(args, tables);
   if constexpr (kKind == Kind::kWeightGrad) {
     zero_empty_experts_kernel<typename Tables::ElementOut>
         <<<dim3(64, groups), 256, 0, stream>>>(args, tables.used);
   } else if (args.row_source != nullptr || args.total_rows > 0) {
     const int64_t row_bytes = args.n * static_cast<int64_t>(sizeof(typename Tables::ElementOut));
-    zero_uncomputed_rows_kernel<><<<dim3(132, args.num_sets), 256, 0, stream>>>(
+    const int outputs = kKind == Kind::kLinearTransposedPair ? 1 : args.num_sets;
+    zero_uncomputed_rows_kernel<><<<dim3(132, outputs), 256, 0, stream>>>(
         args, tables.used, row_bytes);
   }
   return cudaGetLastError();

@@ -26,7 +26,7 @@ _BF16 = torch.bfloat16
 class Kind(enum.IntEnum):
     LINEAR = 0  # bf16 a[seg] @ w[e]^T, w [E, N, K] -> bf16
     LINEAR_TRANSPOSED = 1  # bf16 a[seg] @ w[e], w [E, K, N] -> fp32
-    LINEAR_ACCUMULATE = 2  # fp32 c[seg] + a[seg] @ w[e], w [E, K, N] -> bf16
+    LINEAR_PAIR = 2  # a[seg] @ w[e] + a2[seg] @ w2[e], w and w2 [E, K, N] -> bf16
     WEIGHT_GRAD = 3  # a[seg]^T @ b[seg] per expert -> bf16 [E, Ka, Kb]
 
 
@@ -59,30 +59,29 @@ def _address(t: torch.Tensor | None) -> int:
 def _launch(
     kind: Kind, sets, rows: torch.Tensor, n: int, k: int, total_rows: int = 0, row_source=None
 ) -> None:
-    """sets: one or two (a, b, c, d) tuples of contiguous 16-byte aligned tensors, c maybe None;
-    row_source: None or int32 [R] (R = the first operand's rows) on the device."""
+    """sets: one or two (a, b, d) tuples of contiguous 16-byte aligned tensors (LINEAR_PAIR: the
+    second set's d None); row_source: None or int32 [R] (R = the first operand's rows) on the
+    device."""
     device = rows.device
     if row_source is not None:
         check_tensor("row_source", row_source, dtype=torch.int32, shape=[sets[0][0].shape[0]],
                      dims=["R"], device=device)  # fmt: skip
     experts = rows.shape[0]
-    groups = len(sets) * experts
+    groups = experts if kind == Kind.LINEAR_PAIR else len(sets) * experts
     nbytes = _scratch_bytes(device, kind, groups)
     scratch = torch.empty(nbytes, dtype=torch.uint8, device=device)
     first = sets[0]
-    second = sets[1] if len(sets) > 1 else (None, None, None, None)
+    second = sets[1] if len(sets) > 1 else (None, None, None)
     _extension.launch(
         device,
         "grouped_gemm",
         kind=int(kind),
         a=_address(first[0]),
         b=_address(first[1]),
-        c=_address(first[2]),
-        d=_address(first[3]),
+        d=_address(first[2]),
         a2=_address(second[0]),
         b2=_address(second[1]),
-        c2=_address(second[2]),
-        d2=_address(second[3]),
+        d2=_address(second[2]),
         rows=rows.data_ptr(),
         row_source=_address(row_source),
         experts=experts,
@@ -139,7 +138,7 @@ def linear(
     a = _bf16(a)
     weights = [_bf16(w) for w in weights]
     outs = [a.new_empty((a.shape[0], w.shape[1])) for w in weights]
-    sets = [(a, w, None, out) for w, out in zip(weights, outs, strict=True)]
+    sets = [(a, w, out) for w, out in zip(weights, outs, strict=True)]
     total_rows = a.shape[0] if zero_rest else 0
     _launch(Kind.LINEAR, sets, rows, weights[0].shape[1], a.shape[1], total_rows, row_source)
     return outs
@@ -159,23 +158,25 @@ def linear_transposed(
     a, weight_t = _bf16(a), _bf16(weight_t)
     out = a.new_empty((a.shape[0], weight_t.shape[2]), dtype=torch.float32)
     total_rows = a.shape[0] if zero_rest else 0
-    _launch(Kind.LINEAR_TRANSPOSED, [(a, weight_t, None, out)], rows, out.shape[1], a.shape[1],
+    _launch(Kind.LINEAR_TRANSPOSED, [(a, weight_t, out)], rows, out.shape[1], a.shape[1],
             total_rows, row_source)  # fmt: skip
     return out
 
 
 def linear_sum(terms, rows: torch.Tensor, row_source=None, zero_rest: bool = True):
-    """Sum of a @ w[e] over two (a [R, K], w [E, K, N]) terms in fp32 -> bf16 [R, N]; rows past
-    the segments (unless not `zero_rest`) and the padding rows `row_source` marks are zero."""
+    """a1 @ w1[e] + a2 @ w2[e] per segment for two (a [R, K], w [E, K, N]) terms of one shape,
+    in one fp32 accumulation (one launch) -> bf16 [R, N]; rows past the segments (unless not
+    `zero_rest`) and the padding rows `row_source` marks are zero."""
     (a1, w1), (a2, w2) = terms
-    # Read within the segments only.
-    partial = linear_transposed(a1, w1, rows, zero_rest=False, row_source=row_source)
-    _shaped("a2", a2, [a1.shape[0], None], "R K2", a1.device)
-    _shaped("w2", w2, [rows.shape[0], a2.shape[1], partial.shape[1]], "E K2 N", a1.device)
-    a2, w2 = _bf16(a2), _bf16(w2)
-    out = a2.new_empty(partial.shape)
-    total_rows = a2.shape[0] if zero_rest else 0
-    _launch(Kind.LINEAR_ACCUMULATE, [(a2, w2, partial, out)], rows, out.shape[1], a2.shape[1],
+    experts = _experts(rows, a1, "terms[0][0] (a)")
+    shape = [experts, a1.shape[1], w1.shape[2] if w1.dim() == 3 else None]
+    _shaped("terms[0][1] (w)", w1, shape, "E K N", a1.device)
+    _shaped("terms[1][0] (a)", a2, list(a1.shape), "R K", a1.device)
+    _shaped("terms[1][1] (w)", w2, [experts, a1.shape[1], w1.shape[2]], "E K N", a1.device)
+    (a1, w1), (a2, w2) = ((_bf16(a), _bf16(w)) for a, w in terms)
+    out = a1.new_empty((a1.shape[0], w1.shape[2]))
+    total_rows = a1.shape[0] if zero_rest else 0
+    _launch(Kind.LINEAR_PAIR, [(a1, w1, out), (a2, w2, None)], rows, out.shape[1], a1.shape[1],
             total_rows, row_source)  # fmt: skip
     return out
 
@@ -194,6 +195,6 @@ def weight_grads(pairs, rows: torch.Tensor, row_source=None) -> list[torch.Tenso
     pairs = [(_bf16(d_out), _bf16(a)) for d_out, a in pairs]
     n_out, k_in = pairs[0][0].shape[1], pairs[0][1].shape[1]
     outs = [pairs[0][0].new_empty((rows.shape[0], n_out, k_in)) for _ in pairs]
-    sets = [(d_out, a, None, out) for (d_out, a), out in zip(pairs, outs, strict=True)]
+    sets = [(d_out, a, out) for (d_out, a), out in zip(pairs, outs, strict=True)]
     _launch(Kind.WEIGHT_GRAD, sets, rows, k_in, n_out, row_source=row_source)
     return outs

@@ -32,6 +32,17 @@ def _t(*shape, dtype=torch.bfloat16):
          r"`a` must be tensor \[R, K\]"),
         (lambda: cuda_gemm.linear_transposed(_t(256, 16), _t(2, 8, 32), ROWS), ValueError,
          r"`weight_t` must be tensor \[E, K, N\] = \[2, 16, \*\]"),
+        (lambda: cuda_gemm.linear_sum([(_t(256, 16), _t(2, 16, 8)), (_t(256, 16), _t(2, 8, 8))],
+                                      ROWS), ValueError,
+         r"`terms\[1\]\[1\] \(w\)` must be tensor \[E, K, N\] = \[2, 16, 8\], got bf16 "
+         r"\[2, 8, 8\]"),
+        (lambda: cuda_gemm.linear_sum([(_t(256, 16), _t(2, 16, 8)), (_t(256, 32), _t(2, 16, 8))],
+                                      ROWS), ValueError,
+         r"`terms\[1\]\[0\] \(a\)` must be tensor \[R, K\] = \[256, 16\]"),
+        (lambda: cuda_gemm.linear_sum([(_t(256, 16), _t(3, 16, 8)), (_t(256, 16), _t(3, 16, 8))],
+                                      ROWS), ValueError,
+         r"`terms\[0\]\[1\] \(w\)` must be tensor \[E, K, N\] = \[2, 16, 8\], got bf16 "
+         r"\[3, 16, 8\]"),
         (lambda: cuda_gemm.weight_grads([(_t(128, 8), _t(256, 16))], ROWS), ValueError,
          r"`pairs\[0\]\[0\] \(d_out\)` must be tensor \[R, N\] = \[256, 8\], got bf16 \[128, 8\]"),
         (lambda: cuda_gemm.weight_grads([(_t(256, 8), _t(256, 16)), (_t(256, 8), _t(256, 8))],
@@ -66,7 +77,8 @@ def _t(*shape, dtype=torch.bfloat16):
     ],
     ids=[
         "linear-K", "linear-N-differs", "linear-experts", "rows-dtype", "a-rank",
-        "transposed-K", "wgrad-rows", "wgrad-second-pair", "three-sets", "no-pairs",
+        "transposed-K", "sum-second-w", "sum-second-a", "sum-experts", "wgrad-rows",
+        "wgrad-second-pair", "three-sets", "no-pairs",
         "row-source-dtype", "row-source-rows",
         "swiglu-up", "swiglu-num-tokens", "swiglu-bwd-router-weight", "swiglu-bwd-d_h",
         "scale-rows-weight", "swiglu-mxfp8-up", "swiglu-mxfp8-tiles",

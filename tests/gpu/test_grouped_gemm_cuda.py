@@ -73,7 +73,7 @@ def test_linear_two_sets_match_segment_products(case, seed):
     w1, w2 = _randn(gen, len(case[0]), n, k), _randn(gen, len(case[0]), n, k)
     outs = [_poisoned((total, n), torch.bfloat16) for _ in range(2)]
     cuda_gemm._launch(
-        cuda_gemm.Kind.LINEAR, [(a, w1, None, outs[0]), (a, w2, None, outs[1])], counts, n, k,
+        cuda_gemm.Kind.LINEAR, [(a, w1, outs[0]), (a, w2, outs[1])], counts, n, k,
         total,
     )  # fmt: skip
     for w, out in zip((w1, w2), outs, strict=True):
@@ -112,7 +112,7 @@ def test_weight_grads_and_empty_experts(case, seed):
     d1, d2, a = _randn(gen, total, n), _randn(gen, total, n), _randn(gen, total, k)
     outs = [_poisoned((experts, n, k), torch.bfloat16) for _ in range(2)]
     cuda_gemm._launch(
-        cuda_gemm.Kind.WEIGHT_GRAD, [(d1, a, None, outs[0]), (d2, a, None, outs[1])], counts, k, n
+        cuda_gemm.Kind.WEIGHT_GRAD, [(d1, a, outs[0]), (d2, a, outs[1])], counts, k, n
     )
     for d_out, out in zip((d1, d2), outs, strict=True):
         for e, (start, r) in enumerate(_segments(case[0])):
@@ -179,13 +179,18 @@ def test_repeated_launches_are_bitwise_identical(seed):
     gen, counts, total, k, n = _setup(CASES[3], seed)
     a, w = _randn(gen, total, k), _randn(gen, len(CASES[3][0]), n, k)
     d_out = _randn(gen, total, n)
-    first = (cuda_gemm.linear(a, [w], counts)[0], cuda_gemm.weight_grads([(d_out, a)], counts)[0])
-    for _ in range(4):
-        again = (
+    terms = [(d_out, w), (_randn(gen, total, n), _randn(gen, len(CASES[3][0]), n, k))]
+
+    def launches():
+        return (
             cuda_gemm.linear(a, [w], counts)[0],
             cuda_gemm.weight_grads([(d_out, a)], counts)[0],
+            cuda_gemm.linear_sum(terms, counts),
         )
-        assert all(torch.equal(x, y) for x, y in zip(first, again, strict=True))
+
+    first = launches()
+    for _ in range(4):
+        assert all(torch.equal(x, y) for x, y in zip(first, launches(), strict=True))
 
 
 def test_bad_arguments_raise_before_any_launch():
@@ -196,7 +201,13 @@ def test_bad_arguments_raise_before_any_launch():
         cuda_gemm.linear(a, [w], counts)
     a = torch.zeros(256, 128, dtype=torch.bfloat16, device="cuda")
     out = torch.zeros(256, 128, dtype=torch.bfloat16, device="cuda")
-    with pytest.raises(ValueError, match="`c` must be 0"):
-        cuda_gemm._launch(cuda_gemm.Kind.LINEAR, [(a, w, out, out)], counts, 128, 128)
+    pair = cuda_gemm.Kind.LINEAR_PAIR
+    with pytest.raises(ValueError, match="kind 2 needs its second pair"):
+        cuda_gemm._launch(pair, [(a, w, out)], counts, 128, 128)
+    with pytest.raises(ValueError, match="`d2` must be 0"):
+        cuda_gemm._launch(pair, [(a, w, out), (a, w, out)], counts, 128, 128)
+    a_96 = torch.zeros(256, 96, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match="`k` must be a multiple of 64 for kind 2"):
+        cuda_gemm._launch(pair, [(a_96, w, out), (a_96, w, None)], counts, 128, 96)
     with pytest.raises(ValueError, match="`kind` must be in"):
-        cuda_gemm._launch(7, [(a, w, None, out)], counts, 128, 128)
+        cuda_gemm._launch(7, [(a, w, out)], counts, 128, 128)
