@@ -7,6 +7,7 @@ Problems (R received rows in E ragged segments, H hidden, I intermediate):
 | gate_up    | rows @ [E, 2I, H]^T -> bf16 [R, 2I]     | linear, one [E, 2I, H] weight     |
 | down       | hidden @ [E, H, I]^T -> bf16 [R, H]     | linear                            |
 | dgrad_down | d_y @ [E, H, I] -> bf16 [R, I]          | linear_transposed (fp32 out)      |
+| dgrad_gate_up | [d_g, d_u] @ [E, 2I, H] -> bf16 [R, H] | linear_sum, (d_g, W_g) + (d_u, W_u) |
 | wgrad_down | d_y^T @ hidden per segment -> [E, H, I] | weight_grads                      |
 
 Each timed call runs the GEMM REPEATS times back to back, for both systems: the GPU queue stays
@@ -25,6 +26,12 @@ from mok.backends import cuda_gemm
 REPEATS = 5
 
 
+def _halves(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gate's and up's parts of a tensor stacked along dim 1 (weights [E, 2I, H], gradients
+    [R, 2I]) as contiguous tensors."""
+    return tuple(part.contiguous() for part in t.chunk(2, dim=1))
+
+
 def rates(timer: harness.Timer, rows: torch.Tensor, offs: torch.Tensor, gate_up, down) -> dict:
     """rows bf16 [R, H]; offs int32 [E] cumulative segment ends; gate_up [E, 2I, H]; down
     [E, H, I] (bf16, contiguous)."""
@@ -33,6 +40,9 @@ def rates(timer: harness.Timer, rows: torch.Tensor, offs: torch.Tensor, gate_up,
     gen = torch.Generator(device=rows.device).manual_seed(n)
     h_rows = torch.randn(n, inter, device=rows.device, generator=gen).bfloat16()
     d_y = torch.randn(n, hidden, device=rows.device, generator=gen).bfloat16()
+    d_gu = torch.randn(n, 2 * inter, device=rows.device, generator=gen).bfloat16()
+    # mok's d_x reads gate's and up's gradients and weights as separate tensors, as a pass has them.
+    d_terms = list(zip(_halves(d_gu), _halves(gate_up), strict=True))
     mok = cuda_gemm.available(rows.device)
     problems = {
         "gate_up": (
@@ -49,6 +59,11 @@ def rates(timer: harness.Timer, rows: torch.Tensor, offs: torch.Tensor, gate_up,
             2 * n * hidden * inter,
             lambda: torch._grouped_mm(d_y, down, offs=offs),
             lambda: cuda_gemm.linear_transposed(d_y, down, counts),
+        ),
+        "dgrad_gate_up": (
+            2 * n * 2 * inter * hidden,
+            lambda: torch._grouped_mm(d_gu, gate_up, offs=offs),
+            lambda: cuda_gemm.linear_sum(d_terms, counts),
         ),
         "wgrad_down": (
             2 * n * hidden * inter,
@@ -109,8 +124,8 @@ def pass_gemms(timer: harness.Timer, rows, offs, gate_up, down, x, shared) -> di
     }
     if cuda_gemm.available(rows.device):
         # mok's launches as its pass makes them: gate and up as two weights, d_x as two terms.
-        w_gate, w_up = (w.contiguous() for w in gate_up.chunk(2, dim=1))
-        d_gate, d_up = (t.contiguous() for t in d_gu.chunk(2, dim=1))
+        w_gate, w_up = _halves(gate_up)
+        d_gate, d_up = _halves(d_gu)
         kernels["mok"] = (
             lambda: (cuda_gemm.linear(rows, [w_gate, w_up], counts),
                      cuda_gemm.linear(h_rows, [down], counts)),
