@@ -14,7 +14,7 @@ Every product accumulates in fp32 and is rounded to bf16 exactly where a kernel 
 | d_gate, d_up      | bf16(SwiGLU' of rw * d_h)   | same, from the saved MXFP8 gate and up  |
 | d_x               | bf16(d_gate @ W_g + d_up @ W_u) | bf16(q_I(d_gate) @ q_I(W_g) + ...)  |
 | d_W_gate, d_W_up  | bf16(d_gate^T x)            | bf16(q_T(d_gate)^T q_T(x))              |
-| d_W_down          | bf16(bf16(rw * d_out)^T hidden) | bf16(q_T(d_y)^T q_T(hidden))        |
+| d_W_down          | bf16(d_out^T bf16(rw * hidden)) | bf16(q_T(bf16(rw * d_out))^T q_T(hidden)) |
 
 q_H / q_I quantize along the hidden / intermediate dim (the GEMM's reduction dim), q_T along
 rows (tokens), the reduction dim of the weight gradients. The shared expert is always BF16.
@@ -280,16 +280,21 @@ class WeightGrads:
         if self._inputs is not None:
             return
         d_gate, d_up, d_out = self.grads
-        rw = self.rw  # None: unit weights (the shared expert), d_out as it is
-        d_y = d_out.to(torch.bfloat16) if rw is None else self.gemm.scale_rows(d_out, rw)
-        inputs = (d_gate, d_up, d_y)
-        if self.mx:
-            inputs = tuple(self.gemm.mx_round_rows(t) for t in inputs)
-        self._inputs = inputs
+        rw, hidden = self.rw, self.hidden  # rw None: unit weights (the shared expert)
+        if self.mx:  # q_T(bf16(rw * d_out)): the rows-rounding needs the scaled rows themselves
+            d_y = d_out.to(torch.bfloat16) if rw is None else self.gemm.scale_rows(d_out, rw)
+            inputs = tuple(self.gemm.mx_round_rows(t) for t in (d_gate, d_up, d_y))
+            self._inputs = (*inputs, hidden)
+            return
+        # BF16 puts rw on hidden's rows instead of d_out's: the same sum, and the scaling pass
+        # moves [rows, I] instead of [rows, H] (I < H in every model mok targets).
+        if rw is not None:
+            hidden = self.gemm.scale_rows(hidden, rw)
+        self._inputs = (d_gate, d_up, d_out.to(torch.bfloat16), hidden)
 
     def __call__(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         self.prepare()
-        d_gate, d_up, d_y = self._inputs
+        d_gate, d_up, d_y, hidden = self._inputs
         d_w_gate, d_w_up = self.gemm.weight_grads(((d_gate, self.x), (d_up, self.x)))
-        d_w_down = self.gemm.weight_grad(d_y, self.hidden)
+        d_w_down = self.gemm.weight_grad(d_y, hidden)
         return tuple(t.to(torch.bfloat16) for t in (d_w_gate, d_w_up, d_w_down))

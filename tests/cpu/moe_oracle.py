@@ -160,9 +160,12 @@ def _expert_backward(x, d_out, rw, saved, weights, limit, q):
     d_rw = (d_h * hidden_rows).sum(-1)
     d_gate, d_up = (bf16(d) for d in _swiglu_vjp(q(gate), q(up), rw[:, None] * d_h, limit))
     d_x = bf16(q(d_gate) @ q(gate_w.T).T + q(d_up) @ q(up_w.T).T)
-    d_y = bf16(rw[:, None] * d_out)
+    if q is _keep:  # BF16 scales hidden's rows, MXFP8 d_out's (reference_experts' table)
+        d_w_down = d_out.T @ bf16(rw[:, None] * hidden)
+    else:
+        d_w_down = q(bf16(rw[:, None] * d_out), 0).T @ hidden_rows
     x_rows = q(x, 0)
-    d_w = (q(d_gate, 0).T @ x_rows, q(d_up, 0).T @ x_rows, q(d_y, 0).T @ hidden_rows)
+    d_w = (q(d_gate, 0).T @ x_rows, q(d_up, 0).T @ x_rows, d_w_down)
     return d_x, d_rw, *(bf16(w) for w in d_w)
 
 

@@ -156,8 +156,8 @@ def test_mxfp8_pulls_run_beside_the_dequantization():
 
 
 def test_routed_wgrad_inputs_are_prepared_beside_the_push():
-    """The scaled d_out rows are computed while the background push runs (the comm stream's
-    fork is pending), the routed weight-gradient GEMMs only after it joined."""
+    """The router-weighted rows (hidden's in BF16) are computed while the background push runs
+    (the comm stream's fork is pending), the routed weight-gradient GEMMs only after it joined."""
     log = _run_step(moe.MIN_SHARED_INTER_PER_TOPK).log
     kinds = [kind for kind, _ in log]
     scale = kinds.index("routed scale_rows")
