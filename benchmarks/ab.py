@@ -9,8 +9,9 @@ The arms run one after the other within each round, so every arm meets the GPU i
 states (clocks and temperature drift over minutes; NOTES.md "Method"), and the spread between
 rounds shows how much a difference between arms means. Each measurement is run.py's, through
 torchrun, into DIR/NAME-ROUND/results.json; the table gives per system, shape and EP every arm's
-forward and backward medians round by round, and DIR/ab.json holds them with the `mok` each arm
-imported (its path and build commit, from run.py's environment record).
+forward and backward medians round by round (the passes' GEMMs alone, run.py's `gemms:` lines,
+included), and DIR/ab.json holds them with the `mok` each arm imported (its path and build
+commit, from run.py's environment record).
 """
 
 from __future__ import annotations
@@ -101,17 +102,26 @@ def collect(out: Path, names: list[str], rounds: int) -> list[dict]:
     return list(rows.values())
 
 
+def _measurements(rec: dict):
+    """(system, forward timing, backward timing) of a record, then of the passes' GEMMs alone
+    that a baseline record carries (run.py's `gemms:<kernels>` lines)."""
+    yield rec["system"], rec.get("fwd"), rec.get("bwd")
+    for kernels, timings in (rec.get("gemm_pass") or {}).items():
+        yield f"gemms:{kernels}", timings.get("fwd"), timings.get("bwd")
+
+
 def _add_run(rows: dict[tuple, dict], name: str, run: dict) -> None:
     """One run.py run's records into `rows`, as arm `name`'s next round."""
     env = run["env"]
     for rec in run["records"]:
-        key = (rec["system"], rec["shape"], rec["ep"])
-        row = rows.setdefault(key, {"system": key[0], "shape": key[1], "ep": key[2]})
-        arm = row.setdefault(name, {"fwd_ms": [], "bwd_ms": []})
-        for pass_ in ("fwd", "bwd"):
-            arm[f"{pass_}_ms"].append((rec.get(pass_) or {}).get("median_ms"))
-        arm["mok_path"] = env.get("mok_path")
-        arm["mok_build_commit"] = env.get("mok_build_commit")
+        for system, fwd, bwd in _measurements(rec):
+            key = (system, rec["shape"], rec["ep"])
+            row = rows.setdefault(key, {"system": system, "shape": key[1], "ep": key[2]})
+            arm = row.setdefault(name, {"fwd_ms": [], "bwd_ms": []})
+            arm["fwd_ms"].append((fwd or {}).get("median_ms"))
+            arm["bwd_ms"].append((bwd or {}).get("median_ms"))
+            arm["mok_path"] = env.get("mok_path")
+            arm["mok_build_commit"] = env.get("mok_build_commit")
 
 
 def table(rows: list[dict], names: list[str]) -> str:

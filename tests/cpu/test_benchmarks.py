@@ -285,21 +285,24 @@ def test_profilers_share_options_warm_step_and_report(single_rank_group, tmp_pat
 
 def test_ab_runs_every_arm_in_every_round(tmp_path):
     """benchmarks/ab.py end to end on CPU: two arms (both the mok under test, as directories),
-    two rounds of run.py's smoke mode, every median in ab.json and the table, and which mok
-    each arm imported."""
+    two rounds of run.py's smoke mode, every median in ab.json (the baseline's GEMMs-alone
+    line too) and the table, and which mok each arm imported."""
     here = Path(mok.__file__).resolve().parent.parent
     command = [sys.executable, str(BENCHMARKS / "ab.py"), "--out", str(tmp_path), "--rounds", "2"]
     command += ["--arm", f"a={here}", "--arm", f"b={here}"]
-    command += ["--", "--smoke", "--shapes", "tiny", "--systems", "mok_bf16"]
+    command += ["--", "--smoke", "--shapes", "tiny", "--systems", "nccl_torch", "mok_bf16"]
     done = subprocess.run(command, env=_child_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"ab.py failed:\n{done.stdout}\n{done.stderr}"
     data = json.loads((tmp_path / "ab.json").read_text())
-    (row,) = data["rows"]
-    assert (row["system"], row["shape"], row["ep"]) == ("mok_bf16", "tiny", 1)
-    for arm in ("a", "b"):
-        assert len(row[arm]["fwd_ms"]) == len(row[arm]["bwd_ms"]) == 2
-        assert all(ms > 0 for ms in row[arm]["fwd_ms"] + row[arm]["bwd_ms"])
-        assert row[arm]["mok_path"] == str(here / "mok")
+    rows = data["rows"]
+    # The baseline's record also carries its GEMMs alone: run.py's `gemms:torch` line.
+    assert [row["system"] for row in rows] == ["nccl_torch", "gemms:torch", "mok_bf16"]
+    for row in rows:
+        assert (row["shape"], row["ep"]) == ("tiny", 1)
+        for arm in ("a", "b"):
+            assert len(row[arm]["fwd_ms"]) == len(row[arm]["bwd_ms"]) == 2
+            assert all(ms > 0 for ms in row[arm]["fwd_ms"] + row[arm]["bwd_ms"])
+            assert row[arm]["mok_path"] == str(here / "mok")
     assert "round 2/2: b" in done.stdout
     assert "a: fwd / bwd ms" in done.stdout and "b: fwd / bwd ms" in done.stdout
 
