@@ -1,5 +1,5 @@
-// MXFP8 -> bf16 for the GEMMs. The plain form gives each warp 32 x 4 consecutive groups of 8
-// values; the transposed form stages a 64 x 128 tile in shared memory so both its reads and its
+// MXFP8 -> bf16 for the GEMMs. The plain form gives each thread one scale block (32 E4M3
+// values); the transposed form stages a 64 x 128 tile in shared memory so both its reads and its
 // writes are 16-byte coalesced. Every value is the fp32 product of the E4M3 value and its scale,
 // rounded once to bf16 (what mok/mxfp8.py's dequantize gives, bit for bit).
 #include <cuda_bf16.h>
@@ -30,57 +30,43 @@ __device__ __forceinline__ float scale_at(const DequantizeArgs& args, int64_t ro
                                                   static_cast<int>(block % (kTile / kBlock)))]);
 }
 
-// 4 E4M3 values (little-endian in `word`) times `scale` as 2 words of two bf16 each. Pairs
+// 16 E4M3 values (little-endian in `packed`) times `scale` as 8 words of two bf16 each. Pairs
 // convert with one instruction each way (E4M3x2 -> f16x2 is exact, as is f16 -> fp32), which
-// keeps the kernels bound by memory rather than by instruction issue.
-__device__ __forceinline__ uint2 dequantize4(uint32_t word, float scale) {
-  uint32_t out[2];
+// keeps the kernel bound by memory rather than by instruction issue.
+__device__ __forceinline__ void dequantize16(uint4 packed, float scale, uint32_t (&out)[kWords]) {
+  const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
 #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const auto pair = static_cast<__nv_fp8x2_storage_t>(word >> (16 * i));
+  for (int i = 0; i < kWords; ++i) {
+    const auto pair = static_cast<__nv_fp8x2_storage_t>(words[i / 2] >> (16 * (i % 2)));
     const float2 values = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
     const __nv_bfloat162 rounded =
         __floats2bfloat162_rn(__fmul_rn(values.x, scale), __fmul_rn(values.y, scale));
     out[i] = *reinterpret_cast<const uint32_t*>(&rounded);
   }
-  return make_uint2(out[0], out[1]);
 }
 
-// The 16 values of `data` starting at element (row, col), as 8 words of two bf16 each.
+// The 16 values of `data` starting at element (row, col).
 __device__ __forceinline__ void dequantize_chunk(const DequantizeArgs& args, int64_t row,
                                                  int64_t col, uint32_t (&out)[kWords]) {
   const uint4 packed = reinterpret_cast<const uint4*>(args.data)[(row * args.cols + col) / 16];
-  const float scale = scale_at(args, row, col);
-  const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint2 pairs = dequantize4(words[i], scale);
-    out[2 * i] = pairs.x;
-    out[2 * i + 1] = pairs.y;
-  }
+  dequantize16(packed, scale_at(args, row, col), out);
 }
 
-constexpr int kGroup = 8;             // values per load (8 bytes) and store (16 bytes)
-constexpr int kGroupsPerThread = 4;   // a warp covers 4 * 32 consecutive groups
-
-// Lane l of a warp converts groups base + l + 32 j (j < 4), so every load and store of the warp
-// is one contiguous span (the launch checked that group indices fit 32 bits).
-__global__ void dequantize_kernel(DequantizeArgs args, uint32_t groups) {
-  const uint32_t warp = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
-  const uint32_t lane = threadIdx.x % 32;
-  const auto groups_per_row = static_cast<uint32_t>(args.cols / kGroup);
-  const auto* src = static_cast<const uint2*>(args.data);
-  auto* dst = static_cast<uint4*>(args.out);
+// Thread b: scale block b of the row-major data (the launch checked that b fits 32 bits).
+__global__ void dequantize_kernel(DequantizeArgs args, uint32_t blocks) {
+  const uint32_t block = blockIdx.x * blockDim.x + threadIdx.x;
+  if (block >= blocks) return;
+  const auto blocks_per_row = static_cast<uint32_t>(args.cols / kBlock);
+  const float scale = scale_at(args, block / blocks_per_row, (block % blocks_per_row) * kBlock);
+  const auto* src = reinterpret_cast<const uint4*>(args.data) + 2 * static_cast<int64_t>(block);
+  uint32_t words[2][kWords];
+  dequantize16(src[0], scale, words[0]);
+  dequantize16(src[1], scale, words[1]);
+  auto* dst = reinterpret_cast<uint4*>(args.out) + 4 * static_cast<int64_t>(block);
 #pragma unroll
-  for (int j = 0; j < kGroupsPerThread; ++j) {
-    const uint32_t group = warp * 32 * kGroupsPerThread + j * 32 + lane;
-    if (group >= groups) return;
-    const uint32_t row = group / groups_per_row;
-    const float scale = scale_at(args, row, (group % groups_per_row) * kGroup);
-    const uint2 packed = src[group];
-    const uint2 low = dequantize4(packed.x, scale);
-    const uint2 high = dequantize4(packed.y, scale);
-    dst[group] = make_uint4(low.x, low.y, high.x, high.y);
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t* w = &words[i / 2][4 * (i % 2)];
+    dst[i] = make_uint4(w[0], w[1], w[2], w[3]);
   }
 }
 
@@ -142,12 +128,11 @@ cudaError_t launch_dequantize(const DequantizeArgs& args, cudaStream_t stream) {
     dequantize_transposed_kernel<<<grid, kTransposeThreads, 0, stream>>>(args);
     return cudaGetLastError();
   }
-  const int64_t groups = args.rows * args.cols / kGroup;
-  if (groups > INT32_MAX) return cudaErrorInvalidValue;  // the binding refuses such sizes first
+  const int64_t blocks = args.rows * args.cols / kBlock;
+  if (blocks > INT32_MAX) return cudaErrorInvalidValue;  // the binding refuses such sizes first
   constexpr int kThreads = 256;
-  constexpr int kGroupsPerCta = kThreads * kGroupsPerThread;
-  const auto ctas = static_cast<unsigned>((groups + kGroupsPerCta - 1) / kGroupsPerCta);
-  dequantize_kernel<<<ctas, kThreads, 0, stream>>>(args, static_cast<uint32_t>(groups));
+  const auto ctas = static_cast<unsigned>((blocks + kThreads - 1) / kThreads);
+  dequantize_kernel<<<ctas, kThreads, 0, stream>>>(args, static_cast<uint32_t>(blocks));
   return cudaGetLastError();
 }
 
