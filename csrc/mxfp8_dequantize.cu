@@ -1,9 +1,7 @@
-// MXFP8 -> bf16 for the GEMMs. The plain form gives each thread one scale block (32 E4M3
-// values); the transposed form stages a 64 x 128 tile in shared memory so both its reads and its
-// writes are 16-byte coalesced. Every value is the fp32 product of the E4M3 value and its scale,
-// rounded once to bf16 (what mok/mxfp8.py's dequantize gives, bit for bit).
+// MXFP8 -> bf16 for the GEMMs: one thread per 16 E4M3 values (half a scale block). The
+// transposed form stages a 64 x 128 tile in shared memory so both its reads and its writes are
+// 16-byte coalesced.
 #include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include <cstdint>
@@ -17,8 +15,7 @@ namespace mok::mxfp8 {
 // make the binary depend on where it was built.
 namespace dequantize_detail {
 
-constexpr int kPerThread = 16;  // values per thread and row in the transposed form
-constexpr int kWords = kPerThread / 2;
+constexpr int kPerThread = 16;
 
 // The scale of element (row, col).
 __device__ __forceinline__ float scale_at(const DequantizeArgs& args, int64_t row, int64_t col) {
@@ -30,44 +27,27 @@ __device__ __forceinline__ float scale_at(const DequantizeArgs& args, int64_t ro
                                                   static_cast<int>(block % (kTile / kBlock)))]);
 }
 
-// 16 E4M3 values (little-endian in `packed`) times `scale` as 8 words of two bf16 each. Pairs
-// convert with one instruction each way (E4M3x2 -> f16x2 is exact, as is f16 -> fp32), which
-// keeps the kernel bound by memory rather than by instruction issue.
-__device__ __forceinline__ void dequantize16(uint4 packed, float scale, uint32_t (&out)[kWords]) {
-  const uint32_t words[4] = {packed.x, packed.y, packed.z, packed.w};
-#pragma unroll
-  for (int i = 0; i < kWords; ++i) {
-    const auto pair = static_cast<__nv_fp8x2_storage_t>(words[i / 2] >> (16 * (i % 2)));
-    const float2 values = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
-    const __nv_bfloat162 rounded =
-        __floats2bfloat162_rn(__fmul_rn(values.x, scale), __fmul_rn(values.y, scale));
-    out[i] = *reinterpret_cast<const uint32_t*>(&rounded);
-  }
-}
-
-// The 16 values of `data` starting at element (row, col).
-__device__ __forceinline__ void dequantize_chunk(const DequantizeArgs& args, int64_t row,
-                                                 int64_t col, uint32_t (&out)[kWords]) {
+// The 16 values of the chunk of `data` starting at element (row, col), as bf16.
+__device__ __forceinline__ void dequantize16(const DequantizeArgs& args, int64_t row, int64_t col,
+                                             __nv_bfloat16 (&out)[kPerThread]) {
+  const float scale = scale_at(args, row, col);
   const uint4 packed = reinterpret_cast<const uint4*>(args.data)[(row * args.cols + col) / 16];
-  dequantize16(packed, scale_at(args, row, col), out);
+  const auto* fp8 = reinterpret_cast<const __nv_fp8_e4m3*>(&packed);
+  for (int i = 0; i < kPerThread; ++i) {
+    out[i] = __float2bfloat16_rn(__fmul_rn(static_cast<float>(fp8[i]), scale));
+  }
 }
 
-// Thread b: scale block b of the row-major data (the launch checked that b fits 32 bits).
-__global__ void dequantize_kernel(DequantizeArgs args, uint32_t blocks) {
-  const uint32_t block = blockIdx.x * blockDim.x + threadIdx.x;
-  if (block >= blocks) return;
-  const auto blocks_per_row = static_cast<uint32_t>(args.cols / kBlock);
-  const float scale = scale_at(args, block / blocks_per_row, (block % blocks_per_row) * kBlock);
-  const auto* src = reinterpret_cast<const uint4*>(args.data) + 2 * static_cast<int64_t>(block);
-  uint32_t words[2][kWords];
-  dequantize16(src[0], scale, words[0]);
-  dequantize16(src[1], scale, words[1]);
-  auto* dst = reinterpret_cast<uint4*>(args.out) + 4 * static_cast<int64_t>(block);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t* w = &words[i / 2][4 * (i % 2)];
-    dst[i] = make_uint4(w[0], w[1], w[2], w[3]);
-  }
+__global__ void dequantize_kernel(DequantizeArgs args) {
+  const int64_t chunks_per_row = args.cols / kPerThread;
+  const int64_t chunk = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (chunk >= args.rows * chunks_per_row) return;
+  alignas(16) __nv_bfloat16 values[kPerThread];
+  dequantize16(args, chunk / chunks_per_row, (chunk % chunks_per_row) * kPerThread, values);
+  const auto* packed = reinterpret_cast<const uint4*>(values);
+  auto* dst = reinterpret_cast<uint4*>(args.out) + 2 * chunk;
+  dst[0] = packed[0];
+  dst[1] = packed[1];
 }
 
 constexpr int kTileRows = 64;   // input rows per CTA = output columns
@@ -94,13 +74,13 @@ __global__ void __launch_bounds__(kTransposeThreads) dequantize_transposed_kerne
   const int64_t col0 = static_cast<int64_t>(blockIdx.x) * kTileCols;
   const int k = threadIdx.x % (kTileCols / kPerThread);
   const int r = 2 * (threadIdx.x / (kTileCols / kPerThread));
-  uint32_t even[kWords], odd[kWords];
-  dequantize_chunk(args, row0 + r, col0 + k * kPerThread, even);
-  dequantize_chunk(args, row0 + r + 1, col0 + k * kPerThread, odd);
+  __nv_bfloat16 even[kPerThread], odd[kPerThread];
+  dequantize16(args, row0 + r, col0 + k * kPerThread, even);
+  dequantize16(args, row0 + r + 1, col0 + k * kPerThread, odd);
 #pragma unroll
-  for (int i = 0; i < kPerThread; ++i) {  // column i's (row r, row r + 1) pair
-    const uint32_t selector = i % 2 == 0 ? 0x5410u : 0x7632u;
-    staged[staged_word(k * kPerThread + i, r)] = __byte_perm(even[i / 2], odd[i / 2], selector);
+  for (int i = 0; i < kPerThread; ++i) {
+    const __nv_bfloat162 pair(even[i], odd[i]);
+    staged[staged_word(k * kPerThread + i, r)] = *reinterpret_cast<const uint32_t*>(&pair);
   }
   __syncthreads();
   const int64_t rows_per_expert = args.rows / args.experts;
@@ -128,11 +108,9 @@ cudaError_t launch_dequantize(const DequantizeArgs& args, cudaStream_t stream) {
     dequantize_transposed_kernel<<<grid, kTransposeThreads, 0, stream>>>(args);
     return cudaGetLastError();
   }
-  const int64_t blocks = args.rows * args.cols / kBlock;
-  if (blocks > INT32_MAX) return cudaErrorInvalidValue;  // the binding refuses such sizes first
   constexpr int kThreads = 256;
-  const auto ctas = static_cast<unsigned>((blocks + kThreads - 1) / kThreads);
-  dequantize_kernel<<<ctas, kThreads, 0, stream>>>(args, static_cast<uint32_t>(blocks));
+  const auto blocks = static_cast<unsigned>((chunks + kThreads - 1) / kThreads);
+  dequantize_kernel<<<blocks, kThreads, 0, stream>>>(args);
   return cudaGetLastError();
 }
 

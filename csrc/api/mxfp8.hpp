@@ -136,9 +136,6 @@ inline void mxfp8_dequantize(uintptr_t data, uintptr_t scale, uintptr_t out, int
           "`experts` must be >= 1 and divide `rows` into multiples of 128, got experts=" +
               std::to_string(experts) + ", rows=" + std::to_string(rows));
   require(rows / 64 <= 65535, "`rows` must be at most 64 * 65535, got " + std::to_string(rows));
-  require(rows * cols / mxfp8::kBlock <= INT32_MAX,
-          "`rows` x `cols` must be at most 32 * (2^31 - 1) values, got " + std::to_string(rows) +
-              " x " + std::to_string(cols));
   mxfp8::DequantizeArgs args;
   args.data = reinterpret_cast<const void*>(data);
   args.scale = reinterpret_cast<const void*>(scale);
