@@ -2,13 +2,13 @@
 problem (the same rows, segments and weights) in the same run, as TFLOP/s per rank.
 
 Problems (R received rows in E ragged segments, H hidden, I intermediate):
-| name       | torch                                   | mok (mok.backends.cuda_gemm)      |
-|------------|-----------------------------------------|-----------------------------------|
-| gate_up    | rows @ [E, 2I, H]^T -> bf16 [R, 2I]     | linear, one [E, 2I, H] weight     |
-| down       | hidden @ [E, H, I]^T -> bf16 [R, H]     | linear                            |
-| dgrad_down | d_y @ [E, H, I] -> bf16 [R, I]          | linear_transposed (fp32 out)      |
-| dgrad_gate_up | [d_g, d_u] @ [E, 2I, H] -> bf16 [R, H] | linear_sum, (d_g, W_g) + (d_u, W_u) |
-| wgrad_down | d_y^T @ hidden per segment -> [E, H, I] | weight_grads                      |
+| name          | torch                                    | mok (mok.backends.cuda_gemm)        |
+|---------------|------------------------------------------|-------------------------------------|
+| gate_up       | rows @ [E, 2I, H]^T -> bf16 [R, 2I]      | linear, one [E, 2I, H] weight       |
+| down          | hidden @ [E, H, I]^T -> bf16 [R, H]      | linear                              |
+| dgrad_down    | d_y @ [E, H, I] -> bf16 [R, I]           | linear_transposed (fp32 out)        |
+| dgrad_gate_up | [d_g, d_u] @ [E, 2I, H] -> bf16 [R, H]   | linear_sum, (d_g, W_g) + (d_u, W_u) |
+| wgrad_down    | d_y^T @ hidden per segment -> [E, H, I]  | weight_grads                        |
 
 Each timed call runs the GEMM REPEATS times back to back, for both systems: the GPU queue stays
 fed as in a real step, so the rate is the kernels' and not the host's launch latency (mok's

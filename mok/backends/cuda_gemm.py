@@ -169,10 +169,10 @@ def linear_sum(terms, rows: torch.Tensor, row_source=None, zero_rest: bool = Tru
     `zero_rest`) and the padding rows `row_source` marks are zero."""
     (a1, w1), (a2, w2) = terms
     experts = _experts(rows, a1, "terms[0][0] (a)")
-    shape = [experts, a1.shape[1], w1.shape[2] if w1.dim() == 3 else None]
-    _shaped("terms[0][1] (w)", w1, shape, "E K N", a1.device)
+    weight_shape = [experts, a1.shape[1], w1.shape[2] if w1.dim() == 3 else None]
+    _shaped("terms[0][1] (w)", w1, weight_shape, "E K N", a1.device)
     _shaped("terms[1][0] (a)", a2, list(a1.shape), "R K", a1.device)
-    _shaped("terms[1][1] (w)", w2, [experts, a1.shape[1], w1.shape[2]], "E K N", a1.device)
+    _shaped("terms[1][1] (w)", w2, weight_shape, "E K N", a1.device)
     (a1, w1), (a2, w2) = ((_bf16(a), _bf16(w)) for a, w in terms)
     out = a1.new_empty((a1.shape[0], w1.shape[2]))
     total_rows = a1.shape[0] if zero_rest else 0
