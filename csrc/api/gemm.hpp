@@ -70,10 +70,33 @@ inline int64_t grouped_gemm_scratch_bytes(int kind, int groups, int sm_count) {
   return static_cast<int64_t>(gemm::scratch_bytes(static_cast<gemm::Kind>(kind), groups, sm_count));
 }
 
+// Kind 4 reads each set's B as MXFP8: its scale tiles' address, and whole 128 x 128 tiles.
+inline void mx_weight_operands(gemm::GroupedArgs& args, uintptr_t b_scale, uintptr_t b2_scale) {
+  namespace check = gemm_checks;
+  const bool mx = args.kind == gemm::Kind::kLinearMxWeight;
+  if (!mx) {
+    check::require(b_scale == 0 && b2_scale == 0,
+                   "`b_scale` and `b2_scale` must be 0 except for kind 4");
+    return;
+  }
+  check::address("b_scale", b_scale);
+  args.sets[0].b_scale = reinterpret_cast<const void*>(b_scale);
+  if (args.num_sets == 2) {
+    check::address("b2_scale", b2_scale);
+    args.sets[1].b_scale = reinterpret_cast<const void*>(b2_scale);
+  } else {
+    check::require(b2_scale == 0, "`b2_scale` must be 0 without a second set");
+  }
+  check::require(args.n % 128 == 0 && args.k % 128 == 0,
+                 "kind 4 needs `n` and `k` multiples of 128 (whole MXFP8 scale tiles), got n=" +
+                     std::to_string(args.n) + ", k=" + std::to_string(args.k));
+}
+
 inline void grouped_gemm(int kind, uintptr_t a, uintptr_t b, uintptr_t d, uintptr_t a2,
                          uintptr_t b2, uintptr_t d2, uintptr_t rows, uintptr_t row_source,
                          int experts, int64_t n, int64_t k, int64_t total_rows, int sm_count,
-                         uintptr_t scratch, int64_t scratch_bytes, uintptr_t stream) {
+                         uintptr_t scratch, int64_t scratch_bytes, uintptr_t stream,
+                         uintptr_t b_scale, uintptr_t b2_scale) {
   namespace check = gemm_checks;
   require_grouped_gemm();
   gemm::GroupedArgs args;
@@ -103,6 +126,7 @@ inline void grouped_gemm(int kind, uintptr_t a, uintptr_t b, uintptr_t d, uintpt
                      " for kind 2 (each pair's tiles are whole), got " + std::to_string(k));
   args.n = n;
   args.k = k;
+  mx_weight_operands(args, b_scale, b2_scale);
   check::require(total_rows >= 0,
                  "`total_rows` must be non-negative, got " + std::to_string(total_rows));
   args.total_rows = total_rows;
@@ -130,7 +154,7 @@ inline void bind_gemm(pybind11::module_& m) {
         py::arg("a2"), py::arg("b2"), py::arg("d2"), py::arg("rows"),
         py::arg("row_source"), py::arg("experts"), py::arg("n"), py::arg("k"),
         py::arg("total_rows"), py::arg("sm_count"), py::arg("scratch"), py::arg("scratch_bytes"),
-        py::arg("stream"),
+        py::arg("stream"), py::arg("b_scale") = 0, py::arg("b2_scale") = 0,
         R"doc(Grouped GEMM over the schedule's expert segments on `stream` (asynchronous).
 
 `rows` int32 [experts]: padded rows per expert (device). Segment e starts at sum(rows[:e]).
@@ -140,7 +164,9 @@ kind 0: d[seg] bf16 [R, n] = a[seg] bf16 [R, k] @ b[e]^T, b bf16 [E, n, k]
 kind 1: d[seg] fp32 [R, n] = a[seg] @ b[e], b bf16 [E, k, n]
 kind 2: d[seg] bf16 = a[seg] @ b[e] + a2[seg] @ b2[e] (b, b2 [E, k, n]; d2 = 0; k a multiple of 64)
 kind 3: d[e] bf16 [k, n] = a[seg]^T @ b[seg], a bf16 [rows, k], b bf16 [rows, n]; zeros if R = 0
-kinds 0-2 also zero d's rows from sum(rows) to total_rows (0 = leave them).
+kind 4: kind 0 with b (and b2) MXFP8 weights: float8_e4m3fn [E, n, k] bytes and `b_scale`
+(`b2_scale`) their scale tiles as mxfp8_quantize writes them; n and k multiples of 128
+kinds 0-2 and 4 also zero d's rows from sum(rows) to total_rows (0 = leave them).
 A second operand set (a2, b2, d2; all 0 if unused) runs in the same launch. n and k must be
 multiples of 8 and every address 16-byte aligned.)doc");
 }

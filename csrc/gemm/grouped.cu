@@ -31,6 +31,7 @@ constexpr KindEntry kEntries[kKinds] = {
     entry<Kind::kLinearTransposed>(),
     entry<Kind::kLinearTransposedPair>(),
     entry<Kind::kWeightGrad>(),
+    entry<Kind::kLinearMxWeight>(),
 };
 
 }  // namespace dispatch

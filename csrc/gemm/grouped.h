@@ -26,9 +26,12 @@ enum class Kind : int {
   kLinearTransposedPair = 2,
   // D[e] (bf16 [M, N]) = A[row0:row0+R, :M]^T @ B[row0:row0+R, :N]; empty experts get zeros.
   kWeightGrad = 3,
+  // kLinear with B an MXFP8 weight as mxfp8_quantize stores it: E4M3 [E, N, K] and its scale
+  // tiles (`b_scale`), read without a bf16 copy. N and K must be multiples of 128.
+  kLinearMxWeight = 4,
 };
 
-constexpr int kKinds = 4;
+constexpr int kKinds = 5;
 constexpr int kMaxSets = 2;
 constexpr int kTileK = 64;  // the K depth of every kind's tiles
 
@@ -36,6 +39,7 @@ struct OperandSet {
   const void* a = nullptr;
   const void* b = nullptr;
   void* d = nullptr;  // null for kLinearTransposedPair's second set
+  const void* b_scale = nullptr;  // kLinearMxWeight: B's E8M0 scale tiles
 };
 
 struct GroupedArgs {

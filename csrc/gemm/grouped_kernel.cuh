@@ -22,17 +22,21 @@
 #include "cutlass/gemm/group_array_problem_shape.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "gemm/grouped.h"
+#include "gemm/mx_weight_mainloop.cuh"
 #include "gemm/paired_mainloop.cuh"
 #include "gemm/tables.cuh"
 
 namespace mok::gemm::detail {
 
 // LayoutA/LayoutB in CUTLASS's terms: A is M x K (RowMajor = K contiguous), B is K x N
-// (ColumnMajor = K contiguous). No kind reads a source term (C).
-template <Kind kKind, class LayoutA, class LayoutB, class ElementD>
+// (ColumnMajor = K contiguous); LayoutD ColumnMajor for the kinds computed transposed. No kind
+// reads a source term (C).
+template <Kind kKind, class LayoutA, class LayoutB, class ElementD,
+          class LayoutD = cutlass::layout::RowMajor>
 struct GroupedGemm {
   static constexpr Kind kind = kKind;
   static constexpr bool kPaired = kKind == Kind::kLinearTransposedPair;
+  static constexpr bool kMxWeight = kKind == Kind::kLinearMxWeight;
   using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
   using Element = cutlass::bfloat16_t;
   using ElementC = void;
@@ -45,7 +49,7 @@ struct GroupedGemm {
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, Accumulator, Accumulator, ElementC,
-      cutlass::layout::RowMajor*, kAlignmentD, ElementD, cutlass::layout::RowMajor*, kAlignmentD,
+      LayoutD*, kAlignmentD, ElementD, LayoutD*, kAlignmentD,
       cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
       cutlass::epilogue::fusion::LinearCombination<ElementD, Accumulator, ElementC,
                                                    Accumulator>>::CollectiveOp;
@@ -56,8 +60,9 @@ struct GroupedGemm {
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename Epilogue::SharedStorage))>,
       cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
-  using Mainloop =
-      std::conditional_t<kPaired, PairedKMainloop<BuiltMainloop>, BuiltMainloop>;
+  using Mainloop = std::conditional_t<
+      kPaired, PairedKMainloop<BuiltMainloop>,
+      std::conditional_t<kMxWeight, MxWeightMainloop<BuiltMainloop>, BuiltMainloop>>;
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
   using Device = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
@@ -65,17 +70,18 @@ struct GroupedGemm {
                              typename Kernel::InternalStrideA, typename Kernel::InternalStrideB,
                              typename Kernel::InternalStrideC, typename Kernel::InternalStrideD>;
 
-  static typename Device::Arguments arguments(const Tables& tables, int groups, int device,
-                                              int sm_count) {
+  static typename Device::Arguments arguments(const GroupedArgs& args, const Tables& tables,
+                                              int groups, int device, int sm_count) {
     cutlass::KernelHardwareInfo hw_info;
     hw_info.device_id = device;
     hw_info.sm_count = sm_count;
-    typename Device::Arguments args{cutlass::gemm::GemmUniversalMode::kGrouped,
-                                    {groups, tables.shapes, nullptr},
-                                    mainloop_arguments(tables),
-                                    {{}, nullptr, tables.stride_c, tables.d, tables.stride_d},
-                                    hw_info};
-    auto& fusion = args.epilogue.thread;
+    typename Device::Arguments gemm_args{
+        cutlass::gemm::GemmUniversalMode::kGrouped,
+        {groups, tables.shapes, nullptr},
+        mainloop_arguments(args, tables),
+        {{}, nullptr, tables.stride_c, tables.d, tables.stride_d},
+        hw_info};
+    auto& fusion = gemm_args.epilogue.thread;
     fusion.alpha = 1.0f;
     fusion.beta = 0.0f;
     fusion.alpha_ptr = nullptr;
@@ -84,12 +90,20 @@ struct GroupedGemm {
     fusion.beta_ptr_array = nullptr;
     fusion.dAlpha = {cute::_0{}, cute::_0{}, 0};
     fusion.dBeta = {cute::_0{}, cute::_0{}, 0};
-    return args;
+    return gemm_args;
   }
 
-  static typename Mainloop::Arguments mainloop_arguments(const Tables& tables) {
+  static typename Mainloop::Arguments mainloop_arguments(const GroupedArgs& args,
+                                                         const Tables& tables) {
     if constexpr (kPaired) {
       return {{tables.a, tables.stride_a, tables.b, tables.stride_b}, tables.a2, tables.b2};
+    } else if constexpr (kMxWeight) {
+      return {{tables.a, tables.stride_a, tables.b, tables.stride_b},
+              {args.sets[0].b, args.sets[1].b},
+              {args.sets[0].b_scale, args.sets[1].b_scale},
+              static_cast<int>(args.n),
+              static_cast<int>(args.k),
+              args.experts};
     } else {
       return {tables.a, tables.stride_a, tables.b, tables.stride_b};
     }
@@ -103,7 +117,8 @@ struct GroupedGemm {
   static size_t scratch_bytes(int groups, int sm_count) {
     const size_t table_bytes = Tables::bytes(groups);
     Tables placeholder = Tables::carve(nullptr, groups);
-    return table_bytes + Device::get_workspace_size(arguments(placeholder, groups, 0, sm_count));
+    return table_bytes +
+           Device::get_workspace_size(arguments(GroupedArgs{}, placeholder, groups, 0, sm_count));
   }
 
   static cudaError_t launch(const GroupedArgs& args, cudaStream_t stream) {
@@ -121,7 +136,7 @@ struct GroupedGemm {
     status = fill_tables<kKind>(args, tables, groups, stream);
     if (status != cudaSuccess) return status;
     Device gemm;
-    auto gemm_args = arguments(tables, groups, device, sm_count);
+    auto gemm_args = arguments(args, tables, groups, device, sm_count);
     void* workspace = static_cast<char*>(args.scratch) + Tables::bytes(groups);
     if (gemm.can_implement(gemm_args) != cutlass::Status::kSuccess) return cudaErrorInvalidValue;
     if (gemm.initialize(gemm_args, workspace, stream) != cutlass::Status::kSuccess) {
@@ -147,9 +162,10 @@ size_t scratch_kind(int groups, int sm_count);
 }  // namespace mok::gemm::detail
 
 // Instantiates one Kind's GEMM in its own translation unit (they compile in parallel).
-#define MOK_DEFINE_GROUPED_KIND(KIND, LAYOUT_A, LAYOUT_B, ELEMENT_D)                             \
+// The arguments after KIND are GroupedGemm's after its Kind (LayoutA, LayoutB, ElementD[, LayoutD]).
+#define MOK_DEFINE_GROUPED_KIND(KIND, ...)                                                       \
   namespace mok::gemm::detail {                                                                  \
-  using Gemm##KIND = GroupedGemm<Kind::KIND, LAYOUT_A, LAYOUT_B, ELEMENT_D>;                      \
+  using Gemm##KIND = GroupedGemm<Kind::KIND, __VA_ARGS__>;                                       \
   template <>                                                                                    \
   cudaError_t launch_kind<Kind::KIND>(const GroupedArgs& args, cudaStream_t stream) {            \
     return Gemm##KIND::launch(args, stream);                                                     \

@@ -139,6 +139,16 @@ __global__ void fill_tables_kernel(GroupedArgs args, Tables tables) {
     tables.d[g] = d + e * k * n;
     tables.stride_a[g] = leading_stride<StrideA>(k);
     tables.stride_b[g] = leading_stride<StrideB>(n);
+  } else if constexpr (kKind == Kind::kLinearMxWeight) {
+    // Computed transposed (mx_weight_mainloop.cuh): M = n (the weight's rows), N = the routed
+    // rows. A is the expert's E4M3 weight, handed to the mainloop's bf16 placeholder descriptor
+    // only (its own descriptor reads the bytes).
+    tables.shapes[g] = {static_cast<int>(n), used, static_cast<int>(k)};
+    tables.a[g] = reinterpret_cast<const Element*>(static_cast<const uint8_t*>(s.b) + e * n * k);
+    tables.b[g] = a + row0 * k;
+    tables.d[g] = d + row0 * n;
+    tables.stride_a[g] = leading_stride<StrideA>(k);
+    tables.stride_b[g] = leading_stride<StrideB>(k);
   } else {
     const bool paired = kKind == Kind::kLinearTransposedPair;
     tables.shapes[g] = {used, static_cast<int>(n), static_cast<int>(paired ? 2 * k : k)};

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import functools
+from typing import NamedTuple
 
 import torch
 
@@ -23,11 +24,19 @@ from mok._checks import check_tensor
 _BF16 = torch.bfloat16
 
 
+class MxWeight(NamedTuple):
+    """An MXFP8 weight as mxfp8_quantize writes it, for `linear_mx`."""
+
+    data: torch.Tensor  # float8_e4m3fn [E, N, K]
+    scales: torch.Tensor  # uint8 [E*N/128, K/128, 32, 16]
+
+
 class Kind(enum.IntEnum):
     LINEAR = 0  # bf16 a[seg] @ w[e]^T, w [E, N, K] -> bf16
     LINEAR_TRANSPOSED = 1  # bf16 a[seg] @ w[e], w [E, K, N] -> fp32
     LINEAR_PAIR = 2  # a[seg] @ w[e] + a2[seg] @ w2[e], w and w2 [E, K, N] -> bf16
     WEIGHT_GRAD = 3  # a[seg]^T @ b[seg] per expert -> bf16 [E, Ka, Kb]
+    LINEAR_MX = 4  # LINEAR with w an MXFP8 (E4M3 [E, N, K], scale tiles) pair -> bf16
 
 
 def available(device: torch.device) -> bool:
@@ -57,11 +66,18 @@ def _address(t: torch.Tensor | None) -> int:
 
 
 def _launch(
-    kind: Kind, sets, rows: torch.Tensor, n: int, k: int, total_rows: int = 0, row_source=None
+    kind: Kind,
+    sets,
+    rows: torch.Tensor,
+    n: int,
+    k: int,
+    total_rows: int = 0,
+    row_source=None,
+    b_scales=(),
 ) -> None:
     """sets: one or two (a, b, d) tuples of contiguous 16-byte aligned tensors (LINEAR_PAIR: the
     second set's d None); row_source: None or int32 [R] (R = the first operand's rows) on the
-    device."""
+    device; b_scales: LINEAR_MX's scale tiles of each set's b."""
     device = rows.device
     if row_source is not None:
         check_tensor("row_source", row_source, dtype=torch.int32, shape=[sets[0][0].shape[0]],
@@ -91,6 +107,8 @@ def _launch(
         sm_count=_sm_count(device),
         scratch=scratch.data_ptr(),
         scratch_bytes=nbytes,
+        b_scale=_address(b_scales[0] if b_scales else None),
+        b2_scale=_address(b_scales[1] if len(b_scales) > 1 else None),
     )
 
 
@@ -135,13 +153,42 @@ def linear(
     n = weights[0].shape[1] if weights[0].dim() == 3 else None
     for i, w in enumerate(weights):
         _shaped(f"weights[{i}]", w, [experts, n, a.shape[1]], "E N K", a.device)
+    return _linear(Kind.LINEAR, a, [_bf16(w) for w in weights], rows, row_source, zero_rest)
+
+
+def _linear(kind: Kind, a, weights, rows, row_source, zero_rest, scales=()):
+    """One launch of LINEAR or LINEAR_MX on checked operands -> bf16 [R, N] per weight."""
     a = _bf16(a)
-    weights = [_bf16(w) for w in weights]
     outs = [a.new_empty((a.shape[0], w.shape[1])) for w in weights]
     sets = [(a, w, out) for w, out in zip(weights, outs, strict=True)]
     total_rows = a.shape[0] if zero_rest else 0
-    _launch(Kind.LINEAR, sets, rows, weights[0].shape[1], a.shape[1], total_rows, row_source)
+    _launch(kind, sets, rows, weights[0].shape[1], a.shape[1], total_rows, row_source, scales)
     return outs
+
+
+def linear_mx(
+    a: torch.Tensor, weights, rows: torch.Tensor, row_source=None, zero_rest: bool = True
+) -> list[torch.Tensor]:
+    """`linear` with MXFP8 weights read as stored, without a bf16 copy: each weight a (data
+    float8_e4m3fn [E, N, K], scales uint8 [E*N/128, K/128, 32, 16]) pair as mxfp8_quantize
+    writes it, N and K multiples of 128. Bit for bit what `linear` gives on the weights'
+    mxfp8_dequantize values, up to the order of the fp32 accumulation."""
+    _check_sets("weights", weights)
+    experts = _experts(rows, a)
+    k = a.shape[1]
+    first = weights[0][0] if isinstance(weights[0][0], torch.Tensor) else None
+    n = first.shape[1] if first is not None and first.dim() == 3 else None
+    if n is not None and (n % 128 or k % 128):
+        raise ValueError(f"MXFP8 weights need N and K multiples of 128, got N={n}, K={k}")
+    for i, (data, scales) in enumerate(weights):
+        check_tensor(f"weights[{i}][0] (data)", data, dtype=torch.float8_e4m3fn,
+                     shape=[experts, n, k], dims=["E", "N", "K"], device=a.device)  # fmt: skip
+        check_tensor(f"weights[{i}][1] (scales)", scales, dtype=torch.uint8,
+                     shape=[experts * n // 128, k // 128, 32, 16],
+                     dims=["E*N/128", "K/128", "32", "16"], device=a.device)  # fmt: skip
+    data = [_extension.aligned(d) for d, _ in weights]
+    scales = [_extension.aligned(sc) for _, sc in weights]
+    return _linear(Kind.LINEAR_MX, a, data, rows, row_source, zero_rest, scales)
 
 
 def linear_transposed(

@@ -81,7 +81,15 @@ class HopperGemms(CudaMxfp8, ExpertEngine):
         self.num_tokens = schedule[2]
         self.num_experts = num_experts
 
-    def linear(self, a: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def mx_weight(pair) -> cuda_gemm.MxWeight:
+        """The pair itself: `linear` and `linears` read MXFP8 weights as stored (the dequantized
+        copies cost ~0.2 ms each on the DSV4-Pro-like shape, NOTES v11)."""
+        return cuda_gemm.MxWeight(*pair)
+
+    def linear(self, a: torch.Tensor, weight) -> torch.Tensor:
+        if isinstance(weight, cuda_gemm.MxWeight):
+            return self.linears(a, [weight])[0]
         if _transposed_view(weight):  # the backward's W^T: N-contiguous weights, fp32 d_h
             # d_h is read by swiglu_backward for the used rows only: no zeroed tail needed.
             return cuda_gemm.linear_transposed(
@@ -90,7 +98,10 @@ class HopperGemms(CudaMxfp8, ExpertEngine):
         return self.linears(a, [weight])[0]
 
     def linears(self, a: torch.Tensor, weights) -> list[torch.Tensor]:
-        return cuda_gemm.linear(a, list(weights), self.rows, self.row_source, zero_rest=False)
+        weights = list(weights)
+        if isinstance(weights[0], cuda_gemm.MxWeight):
+            return cuda_gemm.linear_mx(a, weights, self.rows, self.row_source, zero_rest=False)
+        return cuda_gemm.linear(a, weights, self.rows, self.row_source, zero_rest=False)
 
     def linear_sum(self, terms) -> torch.Tensor:
         terms = [(a, w.transpose(1, 2)) for a, w in terms]

@@ -93,6 +93,10 @@ class ExpertEngine:
         values = mxfp8.dequantize(data, scales)
         return values.transpose(-2, -1) if transposed else values
 
+    def mx_weight(self, pair):
+        """An MXFP8 (data, scales) weight as this engine's `linear` takes it: its values."""
+        return _dequant(pair, self)
+
     def mx_round(self, t: torch.Tensor) -> torch.Tensor:
         """The values an MXFP8 GEMM sees for `t` quantized along its last dim."""
         data, scales, _, _ = self.quantize(t.to(torch.bfloat16), True, False)
@@ -185,10 +189,11 @@ def forward_bf16(x_rows, w_gate, w_up, w_down, gemm, limit):
 
 
 def mxfp8_weights(w_gate, w_up, w_down, gemm):
-    """The values the MXFP8 forward's GEMMs read for its (fp8, scale) weight pairs: each weight
-    dequantized (blocks along its reduction dim). They need nothing from the exchange, so a pass
-    can compute them while its dispatch runs."""
-    return tuple(_dequant(w, gemm) for w in (w_gate, w_up, w_down))
+    """What the MXFP8 forward's GEMMs read for its (fp8, scale) weight pairs: `gemm.mx_weight`
+    of each (its values, blocks along the reduction dim; engines whose GEMMs read MXFP8 as
+    stored keep the pair). They need nothing from the exchange, so a pass can compute them
+    while its dispatch runs."""
+    return tuple(gemm.mx_weight(w) for w in (w_gate, w_up, w_down))
 
 
 def forward_mxfp8(x_rounded, weights, gemm, limit):

@@ -11,6 +11,7 @@ from mok.backends import cuda_experts, cuda_gemm
 
 ROWS = torch.tensor([256, 0], dtype=torch.int32)
 NUM_TOKENS = torch.tensor([256], dtype=torch.int32)
+FP8 = torch.float8_e4m3fn
 
 
 def _t(*shape, dtype=torch.bfloat16):
@@ -48,6 +49,19 @@ def _t(*shape, dtype=torch.bfloat16):
         (lambda: cuda_gemm.weight_grads([(_t(256, 8), _t(256, 16)), (_t(256, 8), _t(256, 8))],
                                         ROWS), ValueError,
          r"`pairs\[1\]\[1\] \(a\)` must be tensor \[R, K\] = \[256, 16\]"),
+        (lambda: cuda_gemm.linear_mx(_t(256, 128), [(_t(2, 128, 128, dtype=FP8),
+                                                     _t(1, 1, 32, 16, dtype=torch.uint8))],
+                                     ROWS), ValueError,
+         r"`weights\[0\]\[1\] \(scales\)` must be uint8 \[E\*N/128, K/128, 32, 16\] = "
+         r"\[2, 1, 32, 16\], got uint8 \[1, 1, 32, 16\]"),
+        (lambda: cuda_gemm.linear_mx(_t(256, 128), [(_t(2, 128, 128),
+                                                     _t(2, 1, 32, 16, dtype=torch.uint8))],
+                                     ROWS), TypeError,
+         r"`weights\[0\]\[0\] \(data\)` must be float8_e4m3fn \[E, N, K\] = \[2, 128, 128\]"),
+        (lambda: cuda_gemm.linear_mx(_t(256, 128), [(_t(2, 64, 128, dtype=FP8),
+                                                     _t(1, 1, 32, 16, dtype=torch.uint8))],
+                                     ROWS), ValueError,
+         r"MXFP8 weights need N and K multiples of 128, got N=64, K=128"),
         (lambda: cuda_gemm.linear(_t(256, 16), [_t(2, 8, 16)] * 3, ROWS), ValueError,
          r"`weights` must hold 1 or 2 operand sets, got 3"),
         (lambda: cuda_gemm.weight_grads([], ROWS), ValueError,
@@ -78,7 +92,7 @@ def _t(*shape, dtype=torch.bfloat16):
     ids=[
         "linear-K", "linear-N-differs", "linear-experts", "rows-dtype", "a-rank",
         "transposed-K", "sum-second-w", "sum-second-a", "sum-experts", "wgrad-rows",
-        "wgrad-second-pair", "three-sets", "no-pairs",
+        "wgrad-second-pair", "mx-scales", "mx-data-dtype", "mx-tiles", "three-sets", "no-pairs",
         "row-source-dtype", "row-source-rows",
         "swiglu-up", "swiglu-num-tokens", "swiglu-bwd-router-weight", "swiglu-bwd-d_h",
         "scale-rows-weight", "swiglu-mxfp8-up", "swiglu-mxfp8-tiles",

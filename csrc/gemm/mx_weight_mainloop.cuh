@@ -1,0 +1,294 @@
+// A CUTLASS SM90 ptr-array mainloop whose A operand is an MXFP8 weight read as it is stored
+// (E4M3 bytes, one E8M0 scale per 32 along K in mok's swizzled 128 x 128 scale tiles), so the
+// MXFP8 forward needs no bf16 copy of its weights: dequantizing them took ~0.2 ms per weight
+// on the DSV4-Pro-like shape, at the memory floor (NOTES v11).
+//
+// The GEMM is computed transposed, D^T = W[e] @ X^T, so the weight is wgmma's A operand, which
+// Hopper can take from registers: each consumer thread loads its fragment's E4M3 pairs from
+// shared memory and converts them exactly to bf16 (E4M3 -> f16 -> fp32, times the block's
+// scale, rounded once: mok.mxfp8.dequantize's values) while the previous k tile's wgmmas run.
+// X (bf16) stays the shared-memory B operand, loaded and multicast as Base does.
+//
+// Base is the bf16 mainloop CUTLASS's CollectiveBuilder makes for this transposed problem;
+// its pipeline, B tiles and per-group B descriptor are used as they are. Redefined: the shared
+// tiles (E4M3 A stages and their scale tiles instead of bf16 A), the producer's loads (A
+// through one fixed TMA descriptor per weight with the expert as a tensor mode, so groups need
+// no A descriptor update; scales by bulk copy), and the consumer's loop.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "common/mxfp8_math.cuh"
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/gemm/dispatch_policy.hpp"
+
+namespace mok::gemm::detail {
+
+constexpr int kMxWeightSets = 2;         // gate and up share a launch
+constexpr int kScaleTileBytes = 512;     // 128 rows x 4 K blocks, mxfp8_tile.cuh's layout
+constexpr int kScaleTileK = 128;         // K values one scale tile covers
+
+template <class Base>
+struct MxWeightMainloop : Base {
+  using typename Base::MainloopPipeline;
+  using typename Base::PipelineState;
+  using typename Base::TileShape;
+  using Element = cutlass::bfloat16_t;
+  static constexpr int kTileM = cute::size<0>(TileShape{});
+  static constexpr int kTileK = cute::size<2>(TileShape{});
+  static constexpr int kStages = Base::DispatchPolicy::Stages;
+  static_assert(kTileM == 128 && kTileK == 64, "scale tiles are 128 rows; two k tiles each");
+
+  // wgmma with A from registers: one 64-row slice of the tile per consumer warpgroup.
+  using TiledMma = decltype(cute::make_tiled_mma(
+      cute::GMMA::rs_op_selector<Element, Element, float, TileShape>(),
+      cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>{}));
+
+  // E4M3 tiles as TMA writes them: K-major, 64-byte rows, 64-byte swizzle.
+  using SmemLayoutW = decltype(cute::tile_to_shape(
+      cute::GMMA::Layout_K_SW64_Atom<uint8_t>{},
+      cute::make_shape(cute::Int<kTileM>{}, cute::Int<kTileK>{}, cute::Int<kStages>{})));
+  using TmaW = decltype(cute::make_tma_copy(
+      cute::SM90_TMA_LOAD{},
+      cute::make_tensor(static_cast<uint8_t const*>(nullptr),
+                        cute::make_layout(cute::make_shape(0, 0, 0),
+                                          cute::make_stride(int64_t{0}, cute::_1{}, int64_t{0}))),
+      SmemLayoutW{}(cute::_, cute::_, cute::Int<0>{}),
+      cute::make_shape(cute::Int<kTileM>{}, cute::Int<kTileK>{}), cute::_1{}));
+
+  struct TensorStorage : cute::aligned_struct<128, cute::_0> {
+    cute::array_aligned<uint8_t, cute::cosize_v<SmemLayoutW>> smem_W;
+    cute::array_aligned<Element, cute::cosize_v<typename Base::SmemLayoutB>> smem_B;
+    cute::array_aligned<uint8_t, kScaleTileBytes * kStages> smem_scale;
+  };
+
+  // {base (ptr_A: any addresses, ptr_B: X per group), weights, scales, n, k, experts}.
+  struct Arguments : Base::Arguments {
+    const void* weights[kMxWeightSets];  // E4M3 [experts, n, k]
+    const void* scales[kMxWeightSets];   // mxfp8_quantize's scale tiles of each
+    int n;
+    int k;
+    int experts;
+  };
+
+  struct Params : Base::Params {
+    TmaW tma_w[kMxWeightSets];
+    const uint8_t* scales[kMxWeightSets];
+    int experts;
+    int row_tiles;    // n / 128: scale tile rows per expert
+    int scale_tiles;  // k / 128: scale tiles per tile row
+  };
+
+  static constexpr uint32_t kTransactionBytes =
+      kTileM * kTileK + kScaleTileBytes +
+      cute::size<0>(typename Base::SmemLayoutB{}) * cute::size<1>(typename Base::SmemLayoutB{}) *
+          sizeof(Element);
+
+  template <class ProblemShape>
+  static Params to_underlying_arguments(ProblemShape problem_shapes, Arguments const& args,
+                                        void* workspace) {
+    Params params{Base::to_underlying_arguments(problem_shapes, args, workspace), {}, {}, 0, 0, 0};
+    params.tma_transaction_bytes = kTransactionBytes;
+    for (int set = 0; set < kMxWeightSets; ++set) {
+      const int from = args.weights[set] != nullptr ? set : 0;  // an unused set repeats the first
+      auto weight = cute::make_tensor(
+          static_cast<uint8_t const*>(args.weights[from]),
+          cute::make_layout(cute::make_shape(args.n, args.k, args.experts),
+                            cute::make_stride(int64_t{args.k}, cute::_1{},
+                                              int64_t{args.n} * args.k)));
+      params.tma_w[set] = cute::make_tma_copy(
+          cute::SM90_TMA_LOAD{}, weight, SmemLayoutW{}(cute::_, cute::_, cute::Int<0>{}),
+          cute::make_shape(cute::Int<kTileM>{}, cute::Int<kTileK>{}), cute::_1{});
+      params.scales[set] = static_cast<const uint8_t*>(args.scales[from]);
+    }
+    params.experts = args.experts;
+    params.row_tiles = args.n / kTileM;
+    params.scale_tiles = args.k / kScaleTileK;
+    return params;
+  }
+
+  // The group rides along with the tiled tensors; the kernel hands it over when it changes.
+  template <class ProblemShape_MNKL>
+  CUTLASS_DEVICE auto load_init(ProblemShape_MNKL const& problem, Params const& params) const {
+    auto tiles = Base::load_init(problem, params);
+    return cute::make_tuple(cute::get<0>(tiles), cute::get<1>(tiles), int32_t{0});
+  }
+
+  template <class InputTensors, class ProblemShape_MNKL>
+  CUTLASS_DEVICE auto tensors_perform_update(InputTensors const& inputs, Params const&,
+                                             ProblemShape_MNKL, int32_t group) {
+    return cute::make_tuple(cute::get<0>(inputs), cute::get<1>(inputs), group);
+  }
+
+  // The producer warp: per k tile the weight tile, its scale tile and Base's X tile.
+  template <class LoadInputs, class TensorMaps, class KTileIterator, class BlockCoord>
+  CUTLASS_DEVICE void load(Params const& params, MainloopPipeline pipeline,
+                           PipelineState smem_pipe_write, LoadInputs const& load_inputs,
+                           TensorMaps const& maps, BlockCoord const& blk_coord,
+                           KTileIterator k_tile_iter, int k_tile_count, int /*thread_idx*/,
+                           uint32_t block_rank_in_cluster, TensorStorage& shared_tensors) {
+    using namespace cute;
+    if (!elect_one_sync()) return;
+    const int group = get<2>(load_inputs);
+    const int set = group / params.experts;
+    const int expert = group % params.experts;
+    auto [m_coord, n_coord, k_coord, l_coord] = blk_coord;
+    auto const& tma_w = params.tma_w[set];
+    Tensor mW = tma_w.get_tma_tensor(make_shape(params.row_tiles * kTileM,
+                                                params.scale_tiles * kScaleTileK,
+                                                params.experts));
+    Tensor gW = local_tile(mW(_, _, expert), make_shape(Int<kTileM>{}, Int<kTileK>{}),
+                           make_coord(m_coord, _));  // (BLK_M, BLK_K, k)
+    Tensor sW = make_tensor(make_smem_ptr(shared_tensors.smem_W.data()), SmemLayoutW{});
+    auto tma_w_slice = tma_w.get_slice(0);
+    Tensor tWgW = tma_w_slice.partition_S(gW);
+    Tensor tWsW = tma_w_slice.partition_D(sW);
+
+    using ClusterShape = typename Base::DispatchPolicy::ClusterShape;
+    constexpr uint32_t cluster_x = size<0>(ClusterShape{});
+    const uint32_t block_x = block_rank_in_cluster % cluster_x;
+    const uint32_t block_y = block_rank_in_cluster / cluster_x;
+    Tensor sB = make_tensor(make_smem_ptr(shared_tensors.smem_B.data()),
+                            typename Base::SmemLayoutB{});
+    auto tma_b = params.tma_load_b.get_slice(block_x);
+    Tensor tBgB = tma_b.partition_S(get<1>(load_inputs)(_, _, n_coord, _, l_coord));
+    Tensor tBsB = tma_b.partition_D(sB);
+    uint16_t mask_b = 0;  // the CTAs of the cluster along M share each X tile
+    if constexpr (is_same_v<typename Base::GmemTiledCopyB, SM90_TMA_LOAD_MULTICAST>) {
+      auto layout = Layout<ClusterShape>{};
+      for (int m = 0; m < size<0>(layout); ++m) mask_b |= uint16_t(1u << layout(m, block_y, 0));
+    }
+    // A tile past the weight's rows (a cluster's spare CTA) loads zeros through TMA; its scale
+    // copy then reads the last valid tile rather than another expert's or past the tensor.
+    const int row_tile = expert * params.row_tiles + min(int(m_coord), params.row_tiles - 1);
+    const uint8_t* scales = params.scales[set] + int64_t(row_tile) * params.scale_tiles *
+                                                      kScaleTileBytes;
+    CUTLASS_PRAGMA_NO_UNROLL
+    for (; k_tile_count > 0; --k_tile_count, ++k_tile_iter, ++smem_pipe_write) {
+      pipeline.producer_acquire(smem_pipe_write);
+      auto* barrier = pipeline.producer_get_barrier(smem_pipe_write);
+      const int stage = smem_pipe_write.index();
+      const int k_tile = *k_tile_iter;
+      copy(tma_w.with(*barrier), tWgW(_, _, _, k_tile), tWsW(_, _, _, stage));
+      copy(params.tma_load_b.with(get<1>(maps), *barrier, mask_b), tBgB(_, _, _, k_tile),
+           tBsB(_, _, _, stage));
+      SM90_BULK_COPY_G2S::copy(scales + int64_t(k_tile / 2) * kScaleTileBytes, barrier,
+                               shared_tensors.smem_scale.data() + stage * kScaleTileBytes,
+                               kScaleTileBytes);
+    }
+  }
+
+  // Consumer warpgroups: k tile t's wgmmas run while tile t + 1's weights are converted.
+  template <class FrgTensorC>
+  CUTLASS_DEVICE void mma(MainloopPipeline pipeline, PipelineState smem_pipe_read,
+                          FrgTensorC& accum, int k_tile_count, int thread_idx,
+                          TensorStorage& shared_tensors, Params const&) {
+    using namespace cute;
+    const int warp_group = __shfl_sync(0xffffffffu, thread_idx / cutlass::NumThreadsPerWarpGroup, 0);
+    TiledMma tiled_mma;
+    auto thread_mma = tiled_mma.get_slice(warp_group * cutlass::NumThreadsPerWarpGroup);
+    Tensor sB = make_tensor(make_smem_ptr(shared_tensors.smem_B.data()),
+                            typename Base::SmemLayoutB{});
+    Tensor tCrB = thread_mma.make_fragment_B(thread_mma.partition_B(sB));  // (MMA,N,K,PIPE)
+    Tensor a_shape = make_tensor(make_smem_ptr(static_cast<Element*>(nullptr)),
+                                 make_layout(make_shape(Int<kTileM>{}, Int<kTileK>{})));
+    Tensor frag0 = thread_mma.partition_fragment_A(a_shape);  // (MMA, 1, K blocks)
+    Tensor frag1 = thread_mma.partition_fragment_A(a_shape);
+    Tensor coords = thread_mma.partition_A(make_identity_tensor(shape(a_shape)));
+    const Converter<decltype(coords)> converter{coords, shared_tensors};
+
+    tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
+    pipeline.consumer_wait(smem_pipe_read);
+    converter(smem_pipe_read.index(), 0, frag0);
+    for (int t = 0; t < k_tile_count; t += 2) {
+      step(pipeline, smem_pipe_read, t, k_tile_count, tiled_mma, tCrB, frag0, frag1, accum,
+           converter);
+      if (t + 1 < k_tile_count) {
+        step(pipeline, smem_pipe_read, t + 1, k_tile_count, tiled_mma, tCrB, frag1, frag0,
+             accum, converter);
+      }
+    }
+  }
+
+  // mma released every stage it read.
+  CUTLASS_DEVICE void mma_tail(MainloopPipeline, PipelineState, int) {}
+
+ private:
+  // Converts the consumer thread's fragment of one stage's E4M3 tile into bf16 registers.
+  template <class Coords>
+  struct Converter {
+    Coords coords;  // (MMA, 1, K blocks) -> (row, k) in the tile
+    TensorStorage& storage;
+
+    template <class Fragment>
+    CUTLASS_DEVICE void operator()(int stage, int k_tile, Fragment& frag) const {
+      using namespace cute;
+      const uint8_t* tile = storage.smem_W.data() + stage * kTileM * kTileK;
+      const uint8_t* scale_tile = storage.smem_scale.data() + stage * kScaleTileBytes;
+      const int first_row = get<0>(coords(0, 0, 0));
+      float scales[2][2];  // [row of the thread's two][32-value block of the k tile]
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        const int row = first_row + 8 * r;
+        CUTLASS_PRAGMA_UNROLL
+        for (int b = 0; b < 2; ++b) {
+          const int block = 2 * (k_tile % 2) + b;  // K block within the 128-wide scale tile
+          const int offset = (row % 32) * 16 + (row / 32) * 4 + block;
+          scales[r][b] = mxfp8::scale_value(scale_tile[offset]);
+        }
+      }
+      // Each register holds (row, k) and (row, k + 1): one E4M3 pair, one scale.
+      auto words = recast<uint32_t>(frag);
+      CUTLASS_PRAGMA_UNROLL
+      for (int kb = 0; kb < size<2>(frag); ++kb) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size<0>(frag); i += 2) {
+          const int row = get<0>(coords(i, 0, kb));
+          const int k = get<1>(coords(i, 0, kb));
+          const float scale = scales[row != first_row][k / 32];
+          const auto pair = *reinterpret_cast<const __nv_fp8x2_storage_t*>(
+              tile + SmemLayoutW{}(row, k, Int<0>{}));
+          const float2 values =
+              __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
+          const __nv_bfloat162 converted = __floats2bfloat162_rn(__fmul_rn(values.x, scale),
+                                                                 __fmul_rn(values.y, scale));
+          words((i + kb * size<0>(frag)) / 2) = *reinterpret_cast<const uint32_t*>(&converted);
+        }
+      }
+    }
+  };
+
+  template <class TiledMmaT, class TensorB, class Fragment, class FrgTensorC, class Convert>
+  CUTLASS_DEVICE static void step(MainloopPipeline& pipeline, PipelineState& state, int t,
+                                  int k_tile_count, TiledMmaT& tiled_mma, TensorB const& tCrB,
+                                  Fragment& current, Fragment& next, FrgTensorC& accum,
+                                  Convert const& convert) {
+    using namespace cute;
+    const int stage = state.index();
+    warpgroup_fence_operand(current);
+    warpgroup_fence_operand(accum);
+    warpgroup_arrive();
+    CUTLASS_PRAGMA_UNROLL
+    for (int kb = 0; kb < size<2>(current); ++kb) {
+      cute::gemm(tiled_mma, current(_, _, kb), tCrB(_, _, kb, stage), accum);
+      tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+    }
+    warpgroup_commit_batch();
+    PipelineState done = state;
+    ++state;
+    if (t + 1 < k_tile_count) {
+      pipeline.consumer_wait(state);
+      convert(state.index(), t + 1, next);
+    }
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(accum);
+    pipeline.consumer_release(done);
+  }
+};
+
+}  // namespace mok::gemm::detail

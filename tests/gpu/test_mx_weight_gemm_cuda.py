@@ -1,0 +1,135 @@
+"""The grouped GEMM that reads MXFP8 weights as stored (cuda_gemm.linear_mx, kind 4) against the
+bf16 GEMM (kind 0) on the same weights' mxfp8_dequantize values and against fp32 products.
+
+One GPU. Weights are quantized by mok's kernel from fresh random bf16 (seed printed; replay with
+MOK_TEST_SEED), with rows spanning many scale exponents so that every scale path is exercised;
+outputs are poisoned with NaN before each launch.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gpu_helpers import module_seed, requires_gpu_module
+
+from mok.backends import cuda, cuda_gemm
+
+pytestmark = [pytest.mark.gpu, requires_gpu_module()]
+
+# (rows per expert, K, N) with K and N whole scale tiles; ragged and empty segments included.
+CASES = [
+    ([256], 128, 128),
+    ([512, 0, 256, 768], 256, 384),
+    ([0, 0, 0], 128, 128),
+    ([2048, 256, 0, 1024], 1024, 512),
+    ([256, 256], 7168, 3072),
+    ([100, 0, 37, 301], 512, 640),
+]
+IDS = [f"rows{'-'.join(map(str, r))}-K{k}-N{n}" for r, k, n in CASES]
+
+seed = module_seed("MXFP8-weight GEMM")
+
+
+@pytest.fixture(autouse=True)
+def _needs_kernels():
+    if not cuda_gemm.available(torch.device("cuda", 0)):
+        pytest.skip("this GPU's mok module has no grouped GEMMs (they are built for sm_90a)")
+
+
+def _generator(case, seed):
+    return torch.Generator(device="cuda").manual_seed(seed + hash(str(case)) % 100_000)
+
+
+def _weight(gen, experts, n, k, spread: int):
+    """An MXFP8 weight [E, N, K] whose rows' magnitudes span 2^-spread .. 2^min(spread, 118)
+    (bf16 stays finite), so blocks get scale bytes from 0 to ~245 and, past spread 126,
+    dequantized values that are bf16 subnormals -> (MxWeight, bf16 dequantized values)."""
+    values = torch.randn((experts, n, k), generator=gen, device="cuda")
+    high = min(spread, 118) + 1
+    exponents = torch.randint(-spread, high, (experts, n, 1), generator=gen, device="cuda")
+    data, scales, _, _ = cuda.mxfp8_quantize((values * 2.0**exponents).bfloat16(), True, False)
+    return cuda_gemm.MxWeight(data, scales), cuda.mxfp8_dequantize(data, scales)
+
+
+def _close(got, ref):
+    got = got.float()
+    assert torch.isfinite(got).all()
+    scale = ref.abs().max().clamp_min(1e-6)
+    torch.testing.assert_close(got, ref, rtol=2**-7, atol=2e-3 * scale.item())
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_matches_bf16_gemm_on_dequantized_weights(case, seed):
+    rows, k, n = case
+    gen = _generator(case, seed)
+    total, experts = sum(rows) + 256, len(rows)
+    a = torch.randn((total, k), generator=gen, device="cuda").bfloat16()
+    (w1, v1), (w2, v2) = (_weight(gen, experts, n, k, spread=4) for _ in range(2))
+    got = cuda_gemm.linear_mx(a, [w1, w2], torch.tensor(rows, dtype=torch.int32, device="cuda"))
+    counts = torch.tensor(rows, dtype=torch.int32, device="cuda")
+    want = cuda_gemm.linear(a, [v1, v2], counts)
+    starts = [sum(rows[:e]) for e in range(experts)]
+    for out, bf16_out, values in zip(got, want, (v1, v2), strict=True):
+        ref = torch.zeros(total, n, device="cuda")
+        for e, (start, r) in enumerate(zip(starts, rows, strict=True)):
+            ref[start : start + r] = a[start : start + r].float() @ values[e].float().T
+        _close(out, ref)
+        # The same bf16 products in another fp32 summation order: a rounding apart at most.
+        _close(out, bf16_out.float())
+        assert (out[sum(rows) :] == 0).all(), "rows past the segments must be zeroed"
+
+
+@pytest.mark.parametrize("spread", [0, 60, 135])
+def test_selecting_rows_returns_the_dequantized_weight_bit_for_bit(spread, seed):
+    """With one-hot activations each output is one weight value times 1: the conversion inside
+    the GEMM must give mxfp8_dequantize's bf16 bits for every scale (subnormal results at
+    spread 135, scale bytes past 240), as the bf16 GEMM on those values does."""
+    n, k = 256, 512
+    gen = _generator((n, k, spread), seed)
+    weight, values = _weight(gen, 2, n, k, spread)
+    a = torch.eye(k, device="cuda").bfloat16().repeat(2, 1)  # expert e's rows select column r
+    counts = torch.tensor([k, k], dtype=torch.int32, device="cuda")
+    got = cuda_gemm.linear_mx(a, [weight], counts)[0]
+    want = cuda_gemm.linear(a, [values], counts)[0]
+    assert torch.equal(got, want)
+    for e in range(2):
+        assert torch.equal(got[e * k : (e + 1) * k], values[e].T)
+
+
+def test_padding_rows_and_repeats(seed):
+    """Row sources skip each segment's trailing padding (NaN there stays out, those rows are
+    zero) and five launches give the same bits."""
+    rows, k, n = [512, 256, 0, 768], 256, 384
+    gen = _generator("padding", seed)
+    total = sum(rows) + 256
+    counts = torch.tensor(rows, dtype=torch.int32, device="cuda")
+    source = torch.zeros(total, dtype=torch.int32, device="cuda")
+    source[256:512] = -1  # expert 0's last 256 rows are padding
+    source[sum(rows) :] = -1
+    a = torch.randn((total, k), generator=gen, device="cuda").bfloat16()
+    clean = torch.where(source[:, None] < 0, 0.0, a.float()).bfloat16()
+    poisoned = torch.where(source[:, None] < 0, float("nan"), a.float()).bfloat16()
+    weight, _ = _weight(gen, len(rows), n, k, spread=4)
+    want = cuda_gemm.linear_mx(clean, [weight], counts)[0]
+    for _ in range(5):
+        got = cuda_gemm.linear_mx(poisoned, [weight], counts, source)[0]
+        assert torch.equal(got, want)
+    assert (want[256:512] == 0).all()
+
+
+def test_bad_arguments_raise_before_any_launch():
+    counts = torch.tensor([256], dtype=torch.int32, device="cuda")
+    a = torch.zeros(256, 192, dtype=torch.bfloat16, device="cuda")
+    data = torch.zeros(1, 128, 192, device="cuda").to(torch.float8_e4m3fn)
+    scales = torch.zeros(1, 1, 32, 16, dtype=torch.uint8, device="cuda")
+    with pytest.raises(ValueError, match="N and K multiples of 128, got N=128, K=192"):
+        cuda_gemm.linear_mx(a, [(data, scales)], counts)
+    out = torch.zeros(256, 128, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match="kind 4 needs `n` and `k` multiples of 128"):
+        cuda_gemm._launch(cuda_gemm.Kind.LINEAR_MX, [(a, data, out)], counts, 128, 192,
+                          b_scales=[scales])  # fmt: skip
+    with pytest.raises(ValueError, match="`b_scale` must be"):
+        cuda_gemm._launch(cuda_gemm.Kind.LINEAR_MX, [(a, data, out)], counts, 128, 128)
+    with pytest.raises(ValueError, match="must be 0 except for kind 4"):
+        cuda_gemm._launch(cuda_gemm.Kind.LINEAR, [(a, data, out)], counts, 128, 128,
+                          b_scales=[scales])  # fmt: skip
