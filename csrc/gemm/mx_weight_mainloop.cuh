@@ -21,6 +21,7 @@
 #include <cuda_fp8.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/mxfp8_math.cuh"
 #include "cute/tensor.hpp"
@@ -48,6 +49,9 @@ struct MxWeightMainloop : Base {
   using TiledMma = decltype(cute::make_tiled_mma(
       cute::GMMA::rs_op_selector<Element, Element, float, TileShape>(),
       cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>{}));
+  static_assert(std::is_same_v<typename TiledMma::Atom::Traits::ALayout,
+                               cute::SM90::GMMA::ALayout_64x16>,
+                "the conversion assumes each thread's rows r, r + 8 and k pairs of GMMA's A");
 
   // E4M3 tiles as TMA writes them: K-major, 64-byte rows, 64-byte swizzle.
   using SmemLayoutW = decltype(cute::tile_to_shape(
@@ -184,6 +188,7 @@ struct MxWeightMainloop : Base {
   }
 
   // Consumer warpgroups: k tile t's wgmmas run while tile t + 1's weights are converted.
+  // Every stage read is released here, so mma_tail has nothing left to do.
   template <class FrgTensorC>
   CUTLASS_DEVICE void mma(MainloopPipeline pipeline, PipelineState smem_pipe_read,
                           FrgTensorC& accum, int k_tile_count, int thread_idx,
@@ -191,10 +196,12 @@ struct MxWeightMainloop : Base {
     using namespace cute;
     const int warp_group = __shfl_sync(0xffffffffu, thread_idx / cutlass::NumThreadsPerWarpGroup, 0);
     TiledMma tiled_mma;
-    auto thread_mma = tiled_mma.get_slice(warp_group * cutlass::NumThreadsPerWarpGroup);
+    // B's descriptors are the warpgroup's; A's registers are each thread's own.
+    auto group_mma = tiled_mma.get_slice(warp_group * cutlass::NumThreadsPerWarpGroup);
+    auto thread_mma = tiled_mma.get_slice(thread_idx);
     Tensor sB = make_tensor(make_smem_ptr(shared_tensors.smem_B.data()),
                             typename Base::SmemLayoutB{});
-    Tensor tCrB = thread_mma.make_fragment_B(thread_mma.partition_B(sB));  // (MMA,N,K,PIPE)
+    Tensor tCrB = group_mma.make_fragment_B(group_mma.partition_B(sB));  // (MMA,N,K,PIPE)
     Tensor a_shape = make_tensor(make_smem_ptr(static_cast<Element*>(nullptr)),
                                  make_layout(make_shape(Int<kTileM>{}, Int<kTileK>{})));
     Tensor frag0 = thread_mma.partition_fragment_A(a_shape);  // (MMA, 1, K blocks)
@@ -203,19 +210,22 @@ struct MxWeightMainloop : Base {
     const Converter<decltype(coords)> converter{coords, shared_tensors};
 
     tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
+    PipelineState release = smem_pipe_read;
     pipeline.consumer_wait(smem_pipe_read);
     converter(smem_pipe_read.index(), 0, frag0);
     for (int t = 0; t < k_tile_count; t += 2) {
-      step(pipeline, smem_pipe_read, t, k_tile_count, tiled_mma, tCrB, frag0, frag1, accum,
-           converter);
+      step(pipeline, smem_pipe_read, release, t, k_tile_count, tiled_mma, tCrB, frag0, frag1,
+           accum, converter);
       if (t + 1 < k_tile_count) {
-        step(pipeline, smem_pipe_read, t + 1, k_tile_count, tiled_mma, tCrB, frag1, frag0,
-             accum, converter);
+        step(pipeline, smem_pipe_read, release, t + 1, k_tile_count, tiled_mma, tCrB, frag1,
+             frag0, accum, converter);
       }
     }
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(accum);
+    pipeline.consumer_release(release);  // the last tile's stage
   }
 
-  // mma released every stage it read.
   CUTLASS_DEVICE void mma_tail(MainloopPipeline, PipelineState, int) {}
 
  private:
@@ -250,7 +260,8 @@ struct MxWeightMainloop : Base {
         for (int i = 0; i < size<0>(frag); i += 2) {
           const int row = get<0>(coords(i, 0, kb));
           const int k = get<1>(coords(i, 0, kb));
-          const float scale = scales[row != first_row][k / 32];
+          // ALayout_64x16: values (i / 2) % 2 = 1 are 8 rows down; a k block is 16 wide.
+          const float scale = scales[(i / 2) % 2][kb / 2];
           const auto pair = *reinterpret_cast<const __nv_fp8x2_storage_t*>(
               tile + SmemLayoutW{}(row, k, Int<0>{}));
           const float2 values =
@@ -263,11 +274,14 @@ struct MxWeightMainloop : Base {
     }
   };
 
+  // Issues tile t's wgmmas on `current`; with them in flight, waits for tile t - 1's (then its
+  // stage and `next`, its registers, are free) and converts tile t + 1 into `next`. One batch
+  // always stays queued, so the tensor cores do not wait for the conversions.
   template <class TiledMmaT, class TensorB, class Fragment, class FrgTensorC, class Convert>
-  CUTLASS_DEVICE static void step(MainloopPipeline& pipeline, PipelineState& state, int t,
-                                  int k_tile_count, TiledMmaT& tiled_mma, TensorB const& tCrB,
-                                  Fragment& current, Fragment& next, FrgTensorC& accum,
-                                  Convert const& convert) {
+  CUTLASS_DEVICE static void step(MainloopPipeline& pipeline, PipelineState& state,
+                                  PipelineState& release, int t, int k_tile_count,
+                                  TiledMmaT& tiled_mma, TensorB const& tCrB, Fragment& current,
+                                  Fragment& next, FrgTensorC& accum, Convert const& convert) {
     using namespace cute;
     const int stage = state.index();
     warpgroup_fence_operand(current);
@@ -279,15 +293,18 @@ struct MxWeightMainloop : Base {
       tiled_mma.accumulate_ = GMMA::ScaleOut::One;
     }
     warpgroup_commit_batch();
-    PipelineState done = state;
+    warpgroup_wait<1>();
+    warpgroup_fence_operand(accum);
+    warpgroup_fence_operand(next);
+    if (t > 0) {
+      pipeline.consumer_release(release);
+      ++release;
+    }
     ++state;
     if (t + 1 < k_tile_count) {
       pipeline.consumer_wait(state);
       convert(state.index(), t + 1, next);
     }
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(accum);
-    pipeline.consumer_release(done);
   }
 };
 
