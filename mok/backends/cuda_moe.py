@@ -81,6 +81,8 @@ class HopperGemms(CudaMxfp8, ExpertEngine):
         self.num_tokens = schedule[2]
         self.num_experts = num_experts
 
+    mx_weights_as_stored = True
+
     @staticmethod
     def mx_weight(pair) -> cuda_gemm.MxWeight:
         """The pair itself: `linear` and `linears` read MXFP8 weights as stored (the dequantized

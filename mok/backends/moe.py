@@ -80,12 +80,14 @@ def forward(engine, x, shared, routed, schedule, limit, mxfp8: bool):
     gemm = engine.routed_gemms(schedule, schedule[3].shape[0])
     if mxfp8:
         # The forward reads the routed rows only rounded. Engines whose exchange is worth hiding
-        # pull in the background of the weights' dequantization (memory-bound work that needs
-        # nothing from it; 2x H200, EP 2: -0.1 to -0.4 ms, NOTES v8) and round after the join;
-        # others pull and round in one pass (NOTES v10).
+        # pull in the background of the weights' dequantization, where the GEMMs need one
+        # (memory-bound work that needs nothing from the exchange; 2x H200, EP 2: -0.1 to
+        # -0.4 ms, NOTES v8), and round after the join; others pull and round in one pass
+        # (NOTES v10).
         x_rounded = engine.pull_rounded(
-            "x_buffer", schedule, gemm, background=True, sync=(True, False)
-        )
+            "x_buffer", schedule, gemm, background=not gemm.mx_weights_as_stored,
+            sync=(True, False),
+        )  # fmt: skip
         weights = experts.mxfp8_weights(*routed, gemm)
         engine.join()
         *saved, y = experts.forward_mxfp8(x_rounded(), weights, gemm, limit)

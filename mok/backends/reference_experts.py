@@ -68,6 +68,8 @@ class ExpertEngine:
     """
 
     num_experts: int
+    # Whether `mx_weight` keeps MXFP8 weights as stored (the GEMMs read them) or dequantizes.
+    mx_weights_as_stored = False
 
     @staticmethod
     def swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float | None) -> torch.Tensor:
