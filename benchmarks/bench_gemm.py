@@ -9,6 +9,12 @@ Problems (R received rows in E ragged segments, H hidden, I intermediate):
 | dgrad_down    | d_y @ [E, H, I] -> bf16 [R, I]           | linear_transposed (fp32 out)        |
 | dgrad_gate_up | [d_g, d_u] @ [E, 2I, H] -> bf16 [R, H]   | linear_sum, (d_g, W_g) + (d_u, W_u) |
 | wgrad_down    | d_y^T @ hidden per segment -> [E, H, I]  | weight_grads                        |
+| gate_up_mx    | gate_up on the MXFP8 values (bf16)       | linear_mx on the (E4M3, scales)     |
+| down_mx       | down on the MXFP8 values (bf16)          | linear_mx                           |
+
+The `_mx` problems quantize the weights once (mok's kernel) and give torch their dequantized
+bf16 values: the same products as mok's GEMM, which reads the MXFP8 pair as the MXFP8
+forward stores it.
 
 Each timed call runs the GEMM REPEATS times back to back, for both systems: the GPU queue stays
 fed as in a real step, so the rate is the kernels' and not the host's launch latency (mok's
@@ -21,7 +27,7 @@ from __future__ import annotations
 import harness
 import torch
 
-from mok.backends import cuda_gemm
+from mok.backends import cuda, cuda_gemm
 
 REPEATS = 5
 
@@ -71,6 +77,8 @@ def rates(timer: harness.Timer, rows: torch.Tensor, offs: torch.Tensor, gate_up,
             lambda: cuda_gemm.weight_grads([(d_y, h_rows)], counts),
         ),
     }
+    if mok:
+        problems.update(_mx_problems(rows, h_rows, gate_up, down, offs, counts))
     out: dict[str, float] = {"grouped_mm_rows": n}
 
     def tflops(flop: int, fn) -> float:
@@ -86,6 +94,21 @@ def rates(timer: harness.Timer, rows: torch.Tensor, offs: torch.Tensor, gate_up,
                 out[f"mok_gemm_{name}_tflops"] = mine
                 out[f"mok_gemm_{name}_vs_grouped_mm"] = mine / baseline
     return out
+
+
+def _mx_problems(rows, h_rows, gate_up, down, offs, counts) -> dict:
+    """gate_up_mx and down_mx: (FLOPs, torch on the dequantized values, mok's linear_mx)."""
+    problems = {}
+    for name, a, weight in (("gate_up_mx", rows, gate_up), ("down_mx", h_rows, down)):
+        data, scales = cuda.mxfp8_quantize(weight)[:2]
+        values_t = cuda.mxfp8_dequantize(data, scales).transpose(-2, -1)
+        mx = cuda_gemm.MxWeight(data, scales)
+        problems[name] = (
+            2 * a.shape[0] * a.shape[1] * weight.shape[1],
+            lambda a=a, w=values_t: torch._grouped_mm(a, w, offs=offs),
+            lambda a=a, w=mx: cuda_gemm.linear_mx(a, [w], counts),
+        )
+    return problems
 
 
 def pass_gemms(timer: harness.Timer, rows, offs, gate_up, down, x, shared) -> dict:

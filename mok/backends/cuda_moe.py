@@ -7,7 +7,8 @@ grouped GEMMs (mok.backends.cuda_gemm: TMA + wgmma, sm_90a) over the schedule's 
 segments, sized on the device, so a step needs no host sync. Modules without those kernels
 (Blackwell), or MOK_GROUPED_GEMM=torch, use `torch._grouped_mm` the same way. In MXFP8 mode the
 operands are the dequantized MXFP8 values, which bf16 holds exactly, so the numerics are those
-of the reference's table.
+of the reference's table; mok's forward GEMMs read the weights as stored and convert them to
+those bf16 values inside the GEMM (cuda_gemm.linear_mx).
 """
 
 from __future__ import annotations

@@ -23,7 +23,8 @@ sources from being overwritten; the pushes of a pass share one barrier before an
 exchange concurrently with the work enqueued after it, up to the next `join()`; the passes ask
 for it in the backward, where the shared expert's GEMMs, which need nothing from the exchange,
 are long enough to hide it (`overlaps_shared`), and in MXFP8, beside the dequantization of the
-weights (and, backward, of the saved activations). The results do not depend on it.
+weights (forward: only for engines whose GEMMs need it, `mx_weights_as_stored` False) and,
+backward, of the saved activations. The results do not depend on it.
 """
 
 from __future__ import annotations
