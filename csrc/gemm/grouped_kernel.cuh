@@ -162,7 +162,8 @@ size_t scratch_kind(int groups, int sm_count);
 }  // namespace mok::gemm::detail
 
 // Instantiates one Kind's GEMM in its own translation unit (they compile in parallel).
-// The arguments after KIND are GroupedGemm's after its Kind (LayoutA, LayoutB, ElementD[, LayoutD]).
+// The arguments after KIND are GroupedGemm's after its Kind: LayoutA, LayoutB, ElementD and,
+// for the kinds computed transposed, LayoutD.
 #define MOK_DEFINE_GROUPED_KIND(KIND, ...)                                                       \
   namespace mok::gemm::detail {                                                                  \
   using Gemm##KIND = GroupedGemm<Kind::KIND, __VA_ARGS__>;                                       \
