@@ -210,7 +210,7 @@ struct MxWeightMainloop : Base {
     Tensor frag0 = thread_mma.partition_fragment_A(a_shape);  // (MMA, 1, K blocks)
     Tensor frag1 = thread_mma.partition_fragment_A(a_shape);
     Tensor coords = thread_mma.partition_A(make_identity_tensor(shape(a_shape)));
-    const Converter<decltype(coords)> converter{coords, shared_tensors};
+    const Converter converter = Converter::make(shared_tensors, coords);
 
     tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
     PipelineState release = smem_pipe_read;
@@ -232,46 +232,56 @@ struct MxWeightMainloop : Base {
   CUTLASS_DEVICE void mma_tail(MainloopPipeline, PipelineState, int) {}
 
  private:
-  // Converts the consumer thread's fragment of one stage's E4M3 tile into bf16 registers.
-  template <class Coords>
+  // Converts the consumer thread's fragment of one stage's E4M3 tile into bf16 registers. Its
+  // shared-memory offsets are the same for every stage, so they are computed once: by
+  // ALayout_64x16 the thread holds rows r and r + 8 and, per 16-wide k block kb, the pairs at
+  // 16 kb + k0 and 16 kb + k0 + 8; SmemLayoutW's 64-byte swizzle (Swizzle<2,4,3> on bytes) XORs
+  // the 16-byte chunk index kb with (r / 2) % 4, which r + 8 shares. (Address arithmetic per
+  // pair took a third of the conversion's instructions.)
   struct Converter {
-    Coords coords;  // (MMA, 1, K blocks) -> (row, k) in the tile
     TensorStorage& storage;
+    int pair_base;   // 64 r + k0: the pair (r, k0) within its chunk row
+    int chunk[4];    // per k block: its swizzled chunk's byte offset
+    int scale_base;  // row r's scale of K block 0 in the 512-byte scale tile
+
+    template <class Coords>
+    CUTLASS_DEVICE static Converter make(TensorStorage& storage, Coords const& coords) {
+      const int row = cute::get<0>(coords(0, 0, 0));
+      const int k0 = cute::get<1>(coords(0, 0, 0));
+      Converter converter{storage, 64 * row + k0, {}, (row % 32) * 16 + (row / 32) * 4};
+      CUTLASS_PRAGMA_UNROLL
+      for (int kb = 0; kb < 4; ++kb) converter.chunk[kb] = (kb ^ (row / 2 % 4)) * 16;
+      return converter;
+    }
 
     template <class Fragment>
     CUTLASS_DEVICE void operator()(int stage, int k_tile, Fragment& frag) const {
       using namespace cute;
-      const uint8_t* tile = storage.smem_W.data() + stage * kTileM * kTileK;
-      const uint8_t* scale_tile = storage.smem_scale.data() + stage * kScaleTileBytes;
-      const int first_row = get<0>(coords(0, 0, 0));
-      float scales[2][2];  // [row of the thread's two][32-value block of the k tile]
+      static_assert(size<0>(Fragment{}) == 8 && size<2>(Fragment{}) == 4, "64 x 64 per thread");
+      const uint8_t* tile = storage.smem_W.data() + stage * kTileM * kTileK + pair_base;
+      // Rows r and r + 8 are 128 bytes apart in a scale tile (r % 32 < 24); K blocks 1 byte.
+      const uint8_t* scale_tile = storage.smem_scale.data() + stage * kScaleTileBytes +
+                                  scale_base + 2 * (k_tile % 2);
+      float scales[2][2];  // [row r or r + 8][32-value block of the k tile]
       CUTLASS_PRAGMA_UNROLL
       for (int r = 0; r < 2; ++r) {
-        const int row = first_row + 8 * r;
         CUTLASS_PRAGMA_UNROLL
-        for (int b = 0; b < 2; ++b) {
-          const int block = 2 * (k_tile % 2) + b;  // K block within the 128-wide scale tile
-          const int offset = (row % 32) * 16 + (row / 32) * 4 + block;
-          scales[r][b] = mxfp8::scale_value(scale_tile[offset]);
-        }
+        for (int b = 0; b < 2; ++b) scales[r][b] = mxfp8::scale_value(scale_tile[128 * r + b]);
       }
-      // Each register holds (row, k) and (row, k + 1): one E4M3 pair, one scale.
-      auto words = recast<uint32_t>(frag);
+      auto words = recast<uint32_t>(frag);  // word j: fragment values 2 j and 2 j + 1
       CUTLASS_PRAGMA_UNROLL
-      for (int kb = 0; kb < size<2>(frag); ++kb) {
+      for (int kb = 0; kb < 4; ++kb) {
         CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size<0>(frag); i += 2) {
-          const int row = get<0>(coords(i, 0, kb));
-          const int k = get<1>(coords(i, 0, kb));
-          // ALayout_64x16: values (i / 2) % 2 = 1 are 8 rows down; a k block is 16 wide.
-          const float scale = scales[(i / 2) % 2][kb / 2];
+        for (int j = 0; j < 4; ++j) {  // value pairs (r, k), (r + 8, k), (r, k + 8), (r + 8, k + 8)
+          const int row8 = j % 2;  // the pair of row r + 8
           const auto pair = *reinterpret_cast<const __nv_fp8x2_storage_t*>(
-              tile + SmemLayoutW{}(row, k, Int<0>{}));
+              tile + chunk[kb] + 512 * row8 + 8 * (j / 2));
+          const float scale = scales[row8][kb / 2];
           const float2 values =
               __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
           const __nv_bfloat162 converted = __floats2bfloat162_rn(__fmul_rn(values.x, scale),
                                                                  __fmul_rn(values.y, scale));
-          words((i + kb * size<0>(frag)) / 2) = *reinterpret_cast<const uint32_t*>(&converted);
+          words(4 * kb + j) = *reinterpret_cast<const uint32_t*>(&converted);
         }
       }
     }
