@@ -8,7 +8,7 @@
 // shared memory and converts them exactly to bf16 (E4M3 -> f16 -> fp32, times the block's
 // scale, rounded once: mok.mxfp8.dequantize's values) while the previous k tile's wgmmas run.
 // X (bf16) stays the shared-memory B operand, loaded and multicast as Base does. The
-// conversion costs ~12% of kind 0's rate (NOTES v12: about what the dequantization cost, and
+// conversion costs 10-15% of kind 0's rate (NOTES v12: about what the dequantization cost, and
 // the MXFP8 forward step 0.1-0.3 ms faster, without the 3 bf16 weight copies).
 //
 // Base is the bf16 mainloop CUTLASS's CollectiveBuilder makes for this transposed problem;
