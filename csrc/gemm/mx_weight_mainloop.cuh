@@ -29,6 +29,7 @@
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/gemm/dispatch_policy.hpp"
+#include "gemm/producer_loads.cuh"
 
 namespace mok::gemm::detail {
 
@@ -156,37 +157,29 @@ struct MxWeightMainloop : Base {
     Tensor tWsW = tma_w_slice.partition_D(sW);
 
     using ClusterShape = typename Base::DispatchPolicy::ClusterShape;
-    constexpr uint32_t cluster_x = size<0>(ClusterShape{});
-    const uint32_t block_x = block_rank_in_cluster % cluster_x;
-    const uint32_t block_y = block_rank_in_cluster / cluster_x;
+    const uint2 position = cluster_position<ClusterShape>(block_rank_in_cluster);
     Tensor sB = make_tensor(make_smem_ptr(shared_tensors.smem_B.data()),
                             typename Base::SmemLayoutB{});
-    auto tma_b = params.tma_load_b.get_slice(block_x);
+    auto tma_b = params.tma_load_b.get_slice(position.x);
     Tensor tBgB = tma_b.partition_S(get<1>(load_inputs)(_, _, n_coord, _, l_coord));
     Tensor tBsB = tma_b.partition_D(sB);
-    uint16_t mask_b = 0;  // the CTAs of the cluster along M share each X tile
-    if constexpr (is_same_v<typename Base::GmemTiledCopyB, SM90_TMA_LOAD_MULTICAST>) {
-      auto layout = Layout<ClusterShape>{};
-      for (int m = 0; m < size<0>(layout); ++m) mask_b |= uint16_t(1u << layout(m, block_y, 0));
-    }
+    // The CTAs of the cluster along M share each X tile.
+    const auto mask_b = multicast_mask<ClusterShape, typename Base::GmemTiledCopyB, 0>(position);
     // A tile past the weight's rows (a cluster's spare CTA) loads zeros through TMA; its scale
     // copy then reads the last valid tile rather than another expert's or past the tensor.
     const int row_tile = expert * params.row_tiles + min(int(m_coord), params.row_tiles - 1);
     const uint8_t* scales = params.scales[set] + int64_t(row_tile) * params.scale_tiles *
                                                       kScaleTileBytes;
-    CUTLASS_PRAGMA_NO_UNROLL
-    for (; k_tile_count > 0; --k_tile_count, ++k_tile_iter, ++smem_pipe_write) {
-      pipeline.producer_acquire(smem_pipe_write);
-      auto* barrier = pipeline.producer_get_barrier(smem_pipe_write);
-      const int stage = smem_pipe_write.index();
-      const int k_tile = *k_tile_iter;
-      copy(tma_w.with(*barrier), tWgW(_, _, _, k_tile), tWsW(_, _, _, stage));
-      copy(params.tma_load_b.with(get<1>(maps), *barrier, mask_b), tBgB(_, _, _, k_tile),
-           tBsB(_, _, _, stage));
-      SM90_BULK_COPY_G2S::copy(scales + int64_t(k_tile / 2) * kScaleTileBytes, barrier,
-                               shared_tensors.smem_scale.data() + stage * kScaleTileBytes,
-                               kScaleTileBytes);
-    }
+    for_each_k_tile(pipeline, smem_pipe_write, k_tile_iter, k_tile_count,
+                    [&](auto& barrier, int stage, int k_tile) {
+                      copy(tma_w.with(barrier), tWgW(_, _, _, k_tile), tWsW(_, _, _, stage));
+                      copy(params.tma_load_b.with(get<1>(maps), barrier, mask_b),
+                           tBgB(_, _, _, k_tile), tBsB(_, _, _, stage));
+                      SM90_BULK_COPY_G2S::copy(
+                          scales + int64_t(k_tile / 2) * kScaleTileBytes, &barrier,
+                          shared_tensors.smem_scale.data() + stage * kScaleTileBytes,
+                          kScaleTileBytes);
+                    });
   }
 
   // Consumer warpgroups: k tile t's wgmmas run while tile t + 1's weights are converted.

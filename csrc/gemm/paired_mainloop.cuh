@@ -18,6 +18,7 @@
 
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
+#include "gemm/producer_loads.cuh"
 
 namespace mok::gemm::detail {
 
@@ -128,55 +129,31 @@ struct PairedKMainloop : Base {
     using namespace cute;
     if (!elect_one_sync()) return;
     using ClusterShape = typename Base::DispatchPolicy::ClusterShape;
-    constexpr uint32_t cluster_x = size<0>(ClusterShape{});
-    const uint32_t block_x = block_rank_in_cluster % cluster_x;
-    const uint32_t block_y = block_rank_in_cluster / cluster_x;
+    const uint2 position = cluster_position<ClusterShape>(block_rank_in_cluster);
     Tensor sA = make_tensor(make_smem_ptr(shared_tensors.smem_A.data()), typename Base::SmemLayoutA{});
     Tensor sB = make_tensor(make_smem_ptr(shared_tensors.smem_B.data()), typename Base::SmemLayoutB{});
-    auto tma_a = params.tma_load_a.get_slice(block_y);
-    auto tma_b = params.tma_load_b.get_slice(block_x);
+    auto tma_a = params.tma_load_a.get_slice(position.y);
+    auto tma_b = params.tma_load_b.get_slice(position.x);
     auto [m_coord, n_coord, k_coord, l_coord] = blk_coord;
     Tensor tAgA = tma_a.partition_S(get<0>(load_inputs)(_, _, m_coord, _, l_coord));
     Tensor tAsA = tma_a.partition_D(sA);
     Tensor tBgB = tma_b.partition_S(get<1>(load_inputs)(_, _, n_coord, _, l_coord));
     Tensor tBsB = tma_b.partition_D(sB);
-    const uint16_t mask_a = multicast_mask<typename Base::GmemTiledCopyA, 1>(block_x, block_y);
-    const uint16_t mask_b = multicast_mask<typename Base::GmemTiledCopyB, 0>(block_x, block_y);
+    const auto mask_a = multicast_mask<ClusterShape, typename Base::GmemTiledCopyA, 1>(position);
+    const auto mask_b = multicast_mask<ClusterShape, typename Base::GmemTiledCopyB, 0>(position);
     // The coordinate tensors span the whole reduction; the second pair's tiles start at 0 again.
     const int pair_tiles = static_cast<int>(size<3>(tAgA)) / 2;
-    CUTLASS_PRAGMA_NO_UNROLL
-    for (; k_tile_count > 0; --k_tile_count, ++k_tile_iter, ++smem_pipe_write) {
-      pipeline.producer_acquire(smem_pipe_write);
-      auto* barrier = pipeline.producer_get_barrier(smem_pipe_write);
-      const int stage = smem_pipe_write.index();
-      const int k_tile = *k_tile_iter;
-      const bool second = k_tile >= pair_tiles;
-      const int pair_tile = second ? k_tile - pair_tiles : k_tile;
-      auto* map_a = second ? get<2>(maps) : get<0>(maps);
-      auto* map_b = second ? get<3>(maps) : get<1>(maps);
-      copy(params.tma_load_a.with(map_a, *barrier, mask_a), tAgA(_, _, _, pair_tile),
-           tAsA(_, _, _, stage));
-      copy(params.tma_load_b.with(map_b, *barrier, mask_b), tBgB(_, _, _, pair_tile),
-           tBsB(_, _, _, stage));
-    }
-  }
-
- private:
-  // The CTAs of the cluster that share a tile loaded with multicast: along N for A (kAlongMode
-  // 1), along M for B (0); zero for plain TMA loads.
-  template <class Copy, int kAlongMode>
-  CUTLASS_DEVICE static uint16_t multicast_mask(uint32_t block_x, uint32_t block_y) {
-    using ClusterShape = typename Base::DispatchPolicy::ClusterShape;
-    uint16_t mask = 0;
-    if constexpr (cute::is_same_v<Copy, cute::SM90_TMA_LOAD_MULTICAST>) {
-      auto layout = cute::Layout<ClusterShape>{};  // (m, n) -> block id
-      for (int i = 0; i < cute::size<kAlongMode>(layout); ++i) {
-        const int block = kAlongMode == 1 ? layout(block_x, i, cute::Int<0>{})
-                                          : layout(i, block_y, cute::Int<0>{});
-        mask |= static_cast<uint16_t>(1u << block);
-      }
-    }
-    return mask;
+    for_each_k_tile(pipeline, smem_pipe_write, k_tile_iter, k_tile_count,
+                    [&](auto& barrier, int stage, int k_tile) {
+                      const bool second = k_tile >= pair_tiles;
+                      const int pair_tile = second ? k_tile - pair_tiles : k_tile;
+                      auto* map_a = second ? get<2>(maps) : get<0>(maps);
+                      auto* map_b = second ? get<3>(maps) : get<1>(maps);
+                      copy(params.tma_load_a.with(map_a, barrier, mask_a),
+                           tAgA(_, _, _, pair_tile), tAsA(_, _, _, stage));
+                      copy(params.tma_load_b.with(map_b, barrier, mask_b),
+                           tBgB(_, _, _, pair_tile), tBsB(_, _, _, stage));
+                    });
   }
 };
 

@@ -72,6 +72,7 @@ EXTENSION_HEADERS = [
     "csrc/gemm/grouped_kernel.cuh",
     "csrc/gemm/mx_weight_mainloop.cuh",
     "csrc/gemm/paired_mainloop.cuh",
+    "csrc/gemm/producer_loads.cuh",
     "csrc/gemm/tables.cuh",
     "csrc/mxfp8.h",
     "csrc/schedule.h",

@@ -1,0 +1,47 @@
+// What mok's SM90 mainloops (PairedKMainloop, MxWeightMainloop) share in their producer warp:
+// the cluster position, the multicast masks and the loop over a work tile's k tiles.
+#pragma once
+
+#include <cstdint>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+
+namespace mok::gemm::detail {
+
+// The CTA's (x, y) = (M, N) position in its cluster.
+template <class ClusterShape>
+CUTLASS_DEVICE uint2 cluster_position(uint32_t block_rank_in_cluster) {
+  constexpr uint32_t cluster_x = cute::size<0>(ClusterShape{});
+  return {block_rank_in_cluster % cluster_x, block_rank_in_cluster / cluster_x};
+}
+
+// The CTAs of the cluster that share a tile loaded with multicast: along N for A (kAlongMode
+// 1), along M for B (0); zero for plain TMA loads.
+template <class ClusterShape, class Copy, int kAlongMode>
+CUTLASS_DEVICE uint16_t multicast_mask(uint2 position) {
+  uint16_t mask = 0;
+  if constexpr (cute::is_same_v<Copy, cute::SM90_TMA_LOAD_MULTICAST>) {
+    auto layout = cute::Layout<ClusterShape>{};  // (m, n) -> block id
+    for (int i = 0; i < cute::size<kAlongMode>(layout); ++i) {
+      const int block = kAlongMode == 1 ? layout(position.x, i, cute::Int<0>{})
+                                        : layout(i, position.y, cute::Int<0>{});
+      mask |= static_cast<uint16_t>(1u << block);
+    }
+  }
+  return mask;
+}
+
+// The producer warp's loop over a work tile's k tiles: each stage once it is free, then
+// load(barrier, stage, k_tile) issues the copies that complete on that stage's barrier.
+template <class Pipeline, class PipelineState, class KTileIterator, class Load>
+CUTLASS_DEVICE void for_each_k_tile(Pipeline& pipeline, PipelineState state,
+                                    KTileIterator k_tile_iter, int k_tile_count, Load&& load) {
+  CUTLASS_PRAGMA_NO_UNROLL
+  for (; k_tile_count > 0; --k_tile_count, ++k_tile_iter, ++state) {
+    pipeline.producer_acquire(state);
+    load(*pipeline.producer_get_barrier(state), state.index(), static_cast<int>(*k_tile_iter));
+  }
+}
+
+}  // namespace mok::gemm::detail
