@@ -39,6 +39,14 @@ def skip_without_gpu_module() -> None:
         pytest.skip(reason)
 
 
+def skip_without_grouped_gemms() -> None:
+    """pytest.skip unless GPU 0's mok module carries the grouped GEMMs (built for sm_90a)."""
+    from mok.backends import cuda_gemm
+
+    if not cuda_gemm.available(torch.device("cuda", 0)):
+        pytest.skip("this GPU's mok module has no grouped GEMMs (they are built for sm_90a)")
+
+
 def module_seed(label: str):
     """A module-scoped `seed` fixture for one-GPU test modules: MOK_TEST_SEED when set, else a
     fresh random seed, printed as "<label> test seed: ..." so a failure can be replayed."""

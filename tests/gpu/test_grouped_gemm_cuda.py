@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gpu_helpers import module_seed, requires_gpu_module
+from gpu_helpers import module_seed, requires_gpu_module, skip_without_grouped_gemms
 
 from mok.backends import cuda_gemm
 
@@ -33,8 +33,7 @@ seed = module_seed("grouped GEMM")
 
 @pytest.fixture(autouse=True)
 def _needs_kernels():
-    if not cuda_gemm.available(torch.device("cuda", 0)):
-        pytest.skip("this GPU's mok module has no grouped GEMMs (they are built for sm_90a)")
+    skip_without_grouped_gemms()
 
 
 def _randn(gen, *shape):

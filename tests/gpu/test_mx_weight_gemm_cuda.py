@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gpu_helpers import module_seed, requires_gpu_module
+from gpu_helpers import module_seed, requires_gpu_module, skip_without_grouped_gemms
 
 from mok.backends import cuda, cuda_gemm
 
@@ -32,8 +32,7 @@ seed = module_seed("MXFP8-weight GEMM")
 
 @pytest.fixture(autouse=True)
 def _needs_kernels():
-    if not cuda_gemm.available(torch.device("cuda", 0)):
-        pytest.skip("this GPU's mok module has no grouped GEMMs (they are built for sm_90a)")
+    skip_without_grouped_gemms()
 
 
 def _generator(case, seed):
