@@ -6,6 +6,7 @@
 
 #include <pybind11/pybind11.h>
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -92,11 +93,33 @@ inline void mx_weight_operands(gemm::GroupedArgs& args, uintptr_t b_scale, uintp
                      std::to_string(args.n) + ", k=" + std::to_string(args.k));
 }
 
+// Kind 5 writes gate (d), up (d2) and hidden from one activation with SwiGLU's clamp.
+inline void swiglu_operands(gemm::GroupedArgs& args, uintptr_t hidden, bool has_limit,
+                            float limit) {
+  namespace check = gemm_checks;
+  if (args.kind != gemm::Kind::kLinearSwiGLU) {
+    check::require(hidden == 0 && !has_limit,
+                   "`hidden` and `has_limit` are for kind 5 only (must be 0 and False)");
+    return;
+  }
+  check::require(args.num_sets == 2 && args.sets[0].a == args.sets[1].a,
+                 "kind 5 needs the up set (`a2` = `a`, `b2`, `d2`) beside the gate set");
+  check::address("hidden", hidden);
+  args.hidden = reinterpret_cast<void*>(hidden);
+  check::require(args.n % 128 == 0,
+                 "kind 5 needs `n` a multiple of 128, got " + std::to_string(args.n));
+  check::require(!has_limit || (std::isfinite(limit) && limit >= 0.0f),
+                 "`limit` must be finite and >= 0 with `has_limit`, got " + std::to_string(limit));
+  args.has_limit = has_limit;
+  args.limit = limit;
+}
+
 inline void grouped_gemm(int kind, uintptr_t a, uintptr_t b, uintptr_t d, uintptr_t a2,
                          uintptr_t b2, uintptr_t d2, uintptr_t rows, uintptr_t row_source,
                          int experts, int64_t n, int64_t k, int64_t total_rows, int sm_count,
                          uintptr_t scratch, int64_t scratch_bytes, uintptr_t stream,
-                         uintptr_t b_scale, uintptr_t b2_scale) {
+                         uintptr_t b_scale, uintptr_t b2_scale, uintptr_t hidden,
+                         bool has_limit, float limit) {
   namespace check = gemm_checks;
   require_grouped_gemm();
   gemm::GroupedArgs args;
@@ -114,7 +137,8 @@ inline void grouped_gemm(int kind, uintptr_t a, uintptr_t b, uintptr_t d, uintpt
                  "`row_source` must be 0 or a 4-byte aligned device address, got " +
                      std::to_string(row_source));
   args.row_source = reinterpret_cast<const int32_t*>(row_source);
-  const int groups_per_expert = paired ? 1 : args.num_sets;
+  const bool one_group = paired || args.kind == gemm::Kind::kLinearSwiGLU;
+  const int groups_per_expert = one_group ? 1 : args.num_sets;
   check::require(experts >= 1 && experts * groups_per_expert <= 1024,
                  "`experts` times the groups per expert must be in [1, 1024], got " +
                      std::to_string(experts) + " x " + std::to_string(groups_per_expert));
@@ -127,6 +151,7 @@ inline void grouped_gemm(int kind, uintptr_t a, uintptr_t b, uintptr_t d, uintpt
   args.n = n;
   args.k = k;
   mx_weight_operands(args, b_scale, b2_scale);
+  swiglu_operands(args, hidden, has_limit, limit);
   check::require(total_rows >= 0,
                  "`total_rows` must be non-negative, got " + std::to_string(total_rows));
   args.total_rows = total_rows;
@@ -155,6 +180,7 @@ inline void bind_gemm(pybind11::module_& m) {
         py::arg("row_source"), py::arg("experts"), py::arg("n"), py::arg("k"),
         py::arg("total_rows"), py::arg("sm_count"), py::arg("scratch"), py::arg("scratch_bytes"),
         py::arg("stream"), py::arg("b_scale") = 0, py::arg("b2_scale") = 0,
+        py::arg("hidden") = 0, py::arg("has_limit") = false, py::arg("limit") = 0.0f,
         R"doc(Grouped GEMM over the schedule's expert segments on `stream` (asynchronous).
 
 `rows` int32 [experts]: padded rows per expert (device). Segment e starts at sum(rows[:e]).
@@ -166,7 +192,10 @@ kind 2: d[seg] bf16 = a[seg] @ b[e] + a2[seg] @ b2[e] (b, b2 [E, k, n]; d2 = 0; 
 kind 3: d[e] bf16 [k, n] = a[seg]^T @ b[seg], a bf16 [rows, k], b bf16 [rows, n]; zeros if R = 0
 kind 4: kind 0 with b (and b2) MXFP8 weights: float8_e4m3fn [E, n, k] bytes and `b_scale`
 (`b2_scale`) their scale tiles as mxfp8_quantize writes them; n and k multiples of 128
-kinds 0-2 and 4 also zero d's rows from sum(rows) to total_rows (0 = leave them).
+kind 5: kind 0's gate (a, b, d) and up (a2 = a, b2, d2) in one launch, plus `hidden` bf16
+[R, n] = silu(min(gate, L)) * clamp(up, -L, L) of the stored bf16 gate and up (L = `limit` if
+`has_limit`); n a multiple of 128
+kinds 0-2, 4 and 5 also zero their outputs' rows from sum(rows) to total_rows (0 = leave them).
 A second operand set (a2, b2, d2; all 0 if unused) runs in the same launch. n and k must be
 multiples of 8 and every address 16-byte aligned.)doc");
 }

@@ -32,6 +32,7 @@ constexpr KindEntry kEntries[kKinds] = {
     entry<Kind::kLinearTransposedPair>(),
     entry<Kind::kWeightGrad>(),
     entry<Kind::kLinearMxWeight>(),
+    entry<Kind::kLinearSwiGLU>(),
 };
 
 }  // namespace dispatch

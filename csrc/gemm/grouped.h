@@ -29,9 +29,13 @@ enum class Kind : int {
   // kLinear with B an MXFP8 weight as mxfp8_quantize stores it: E4M3 [E, N, K] and its scale
   // tiles (`b_scale`), read without a bf16 copy. N and K must be multiples of 128.
   kLinearMxWeight = 4,
+  // The forward's gate and up GEMMs with SwiGLU in the epilogue: sets[0] = (A, W_gate, gate),
+  // sets[1] = (A, W_up, up), both W bf16 [E, N, K], and `hidden` = swiglu(gate, up), each bf16
+  // [rows, N] from one tile. N must be a multiple of 128.
+  kLinearSwiGLU = 5,
 };
 
-constexpr int kKinds = 5;
+constexpr int kKinds = 6;
 constexpr int kMaxSets = 2;
 constexpr int kTileK = 64;  // the K depth of every kind's tiles
 
@@ -55,6 +59,9 @@ struct GroupedArgs {
   // kLinear*: rows of D; rows past the last segment (sum(rows)) are set to zero, so a routed
   // buffer holds no stale values past the schedule.
   int64_t total_rows = 0;
+  void* hidden = nullptr;  // kLinearSwiGLU's third output
+  bool has_limit = false;  // kLinearSwiGLU: silu(min(gate, L)) * clamp(up, -L, L)
+  float limit = 0.0f;
   int sm_count = 0;  // persistent CTAs; 0 = every SM of the device
   void* scratch = nullptr;  // device bytes for the group tables and CUTLASS's workspace
   size_t scratch_bytes = 0;

@@ -21,9 +21,11 @@
 #include "cutlass/gemm/dispatch_policy.hpp"
 #include "cutlass/gemm/group_array_problem_shape.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "gemm/gate_up_mainloop.cuh"
 #include "gemm/grouped.h"
 #include "gemm/mx_weight_mainloop.cuh"
 #include "gemm/paired_mainloop.cuh"
+#include "gemm/swiglu_epilogue.cuh"
 #include "gemm/tables.cuh"
 
 namespace mok::gemm::detail {
@@ -37,6 +39,7 @@ struct GroupedGemm {
   static constexpr Kind kind = kKind;
   static constexpr bool kPaired = kKind == Kind::kLinearTransposedPair;
   static constexpr bool kMxWeight = kKind == Kind::kLinearMxWeight;
+  static constexpr bool kSwiglu = kKind == Kind::kLinearSwiGLU;
   using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
   using Element = cutlass::bfloat16_t;
   using ElementC = void;
@@ -46,13 +49,16 @@ struct GroupedGemm {
   static constexpr int kAlignment = 16 / sizeof(Element);
   static constexpr int kAlignmentD = 16 / sizeof(ElementD);
 
-  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+  using TmaEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, Accumulator, Accumulator, ElementC,
       LayoutD*, kAlignmentD, ElementD, LayoutD*, kAlignmentD,
       cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
       cutlass::epilogue::fusion::LinearCombination<ElementD, Accumulator, ElementC,
                                                    Accumulator>>::CollectiveOp;
+  using Epilogue =
+      std::conditional_t<kSwiglu, SwigluCollectiveEpilogue<typename TmaEpilogue::StrideD>,
+                         TmaEpilogue>;
 
   using BuiltMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA*, kAlignment,
@@ -62,7 +68,9 @@ struct GroupedGemm {
       cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
   using Mainloop = std::conditional_t<
       kPaired, PairedKMainloop<BuiltMainloop>,
-      std::conditional_t<kMxWeight, MxWeightMainloop<BuiltMainloop>, BuiltMainloop>>;
+      std::conditional_t<kMxWeight, MxWeightMainloop<BuiltMainloop>,
+                         std::conditional_t<kSwiglu, GateUpMainloop<BuiltMainloop>,
+                                            BuiltMainloop>>>;
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
   using Device = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
@@ -75,28 +83,46 @@ struct GroupedGemm {
     cutlass::KernelHardwareInfo hw_info;
     hw_info.device_id = device;
     hw_info.sm_count = sm_count;
-    typename Device::Arguments gemm_args{
-        cutlass::gemm::GemmUniversalMode::kGrouped,
-        {groups, tables.shapes, nullptr},
-        mainloop_arguments(args, tables),
-        {{}, nullptr, tables.stride_c, tables.d, tables.stride_d},
-        hw_info};
-    auto& fusion = gemm_args.epilogue.thread;
-    fusion.alpha = 1.0f;
-    fusion.beta = 0.0f;
-    fusion.alpha_ptr = nullptr;
-    fusion.beta_ptr = nullptr;
-    fusion.alpha_ptr_array = nullptr;
-    fusion.beta_ptr_array = nullptr;
-    fusion.dAlpha = {cute::_0{}, cute::_0{}, 0};
-    fusion.dBeta = {cute::_0{}, cute::_0{}, 0};
+    typename Device::Arguments gemm_args{cutlass::gemm::GemmUniversalMode::kGrouped,
+                                         {groups, tables.shapes, nullptr},
+                                         mainloop_arguments(args, tables),
+                                         epilogue_arguments(args, tables),
+                                         hw_info};
     return gemm_args;
+  }
+
+  static typename Epilogue::Arguments epilogue_arguments(const GroupedArgs& args,
+                                                         const Tables& tables) {
+    if constexpr (kSwiglu) {
+      using D = typename Epilogue::ElementD;
+      return {tables.d, static_cast<D*>(args.sets[0].d), static_cast<D*>(args.sets[1].d),
+              static_cast<D*>(args.hidden), args.n, args.has_limit, args.limit};
+    } else {
+      typename Epilogue::Arguments epilogue{{}, nullptr, tables.stride_c, tables.d,
+                                            tables.stride_d};
+      auto& fusion = epilogue.thread;
+      fusion.alpha = 1.0f;
+      fusion.beta = 0.0f;
+      fusion.alpha_ptr = nullptr;
+      fusion.beta_ptr = nullptr;
+      fusion.alpha_ptr_array = nullptr;
+      fusion.beta_ptr_array = nullptr;
+      fusion.dAlpha = {cute::_0{}, cute::_0{}, 0};
+      fusion.dBeta = {cute::_0{}, cute::_0{}, 0};
+      return epilogue;
+    }
   }
 
   static typename Mainloop::Arguments mainloop_arguments(const GroupedArgs& args,
                                                          const Tables& tables) {
     if constexpr (kPaired) {
       return {{tables.a, tables.stride_a, tables.b, tables.stride_b}, tables.a2, tables.b2};
+    } else if constexpr (kSwiglu) {
+      return {{tables.a, tables.stride_a, tables.b, tables.stride_b},
+              {args.sets[0].b, args.sets[1].b},
+              static_cast<int>(args.n),
+              static_cast<int>(args.k),
+              args.experts};
     } else if constexpr (kMxWeight) {
       return {{tables.a, tables.stride_a, tables.b, tables.stride_b},
               {args.sets[0].b, args.sets[1].b},
@@ -109,9 +135,10 @@ struct GroupedGemm {
     }
   }
 
-  // A launch's groups: one per expert and operand set, or per expert where the sets are pairs.
+  // A launch's groups: one per expert and operand set, or per expert where one tile covers
+  // both sets (pairs along K, or gate and up side by side).
   static int groups_of(const GroupedArgs& args) {
-    return kPaired ? args.experts : args.num_sets * args.experts;
+    return kPaired || kSwiglu ? args.experts : args.num_sets * args.experts;
   }
 
   static size_t scratch_bytes(int groups, int sm_count) {

@@ -38,7 +38,7 @@ constexpr int kScaleTileBytes = 512;     // 128 rows x 4 K blocks, mxfp8_tile.cu
 constexpr int kScaleTileK = 128;         // K values one scale tile covers
 
 template <class Base>
-struct MxWeightMainloop : Base {
+struct MxWeightMainloop : CarriesGroup<Base> {
   using typename Base::MainloopPipeline;
   using typename Base::PipelineState;
   using typename Base::TileShape;
@@ -117,19 +117,6 @@ struct MxWeightMainloop : Base {
     params.row_tiles = args.n / kTileM;
     params.scale_tiles = args.k / kScaleTileK;
     return params;
-  }
-
-  // The group rides along with the tiled tensors; the kernel hands it over when it changes.
-  template <class ProblemShape_MNKL>
-  CUTLASS_DEVICE auto load_init(ProblemShape_MNKL const& problem, Params const& params) const {
-    auto tiles = Base::load_init(problem, params);
-    return cute::make_tuple(cute::get<0>(tiles), cute::get<1>(tiles), int32_t{0});
-  }
-
-  template <class InputTensors, class ProblemShape_MNKL>
-  CUTLASS_DEVICE auto tensors_perform_update(InputTensors const& inputs, Params const&,
-                                             ProblemShape_MNKL, int32_t group) {
-    return cute::make_tuple(cute::get<0>(inputs), cute::get<1>(inputs), group);
   }
 
   // The producer warp: per k tile the weight tile, its scale tile and Base's X tile.

@@ -1,5 +1,6 @@
-// What mok's SM90 mainloops (PairedKMainloop, MxWeightMainloop) share in their producer warp:
-// the cluster position, the multicast masks and the loop over a work tile's k tiles.
+// What mok's SM90 mainloops (PairedKMainloop, MxWeightMainloop, GateUpMainloop) share in their
+// producer warp: the cluster position, the multicast masks, the loop over a work tile's k tiles
+// and, for those that read weights through one fixed descriptor, the group index.
 #pragma once
 
 #include <cstdint>
@@ -43,5 +44,26 @@ CUTLASS_DEVICE void for_each_k_tile(Pipeline& pipeline, PipelineState state,
     load(*pipeline.producer_get_barrier(state), state.index(), static_cast<int>(*k_tile_iter));
   }
 }
+
+// Base with the work tile's group index carried in its load inputs (third element): the
+// grouped kernel's block coordinate has no group, but hands each new group to
+// tensors_perform_update. Mainloops whose weights are one fixed TMA descriptor with the expert
+// as a tensor mode read it there.
+template <class Base>
+struct CarriesGroup : Base {
+  template <class ProblemShape_MNKL>
+  CUTLASS_DEVICE auto load_init(ProblemShape_MNKL const& problem,
+                                typename Base::Params const& params) const {
+    auto tiles = Base::load_init(problem, params);
+    return cute::make_tuple(cute::get<0>(tiles), cute::get<1>(tiles), int32_t{0});
+  }
+
+  template <class InputTensors, class ProblemShape_MNKL>
+  CUTLASS_DEVICE auto tensors_perform_update(InputTensors const& inputs,
+                                             typename Base::Params const&, ProblemShape_MNKL,
+                                             int32_t group) {
+    return cute::make_tuple(cute::get<0>(inputs), cute::get<1>(inputs), group);
+  }
+};
 
 }  // namespace mok::gemm::detail

@@ -151,13 +151,18 @@ __global__ void fill_tables_kernel(GroupedArgs args, Tables tables) {
     tables.stride_b[g] = leading_stride<StrideB>(k);
   } else {
     const bool paired = kKind == Kind::kLinearTransposedPair;
-    tables.shapes[g] = {used, static_cast<int>(n), static_cast<int>(paired ? 2 * k : k)};
+    // kLinearSwiGLU's tiles hold gate's and up's columns side by side (gate_up_mainloop.cuh),
+    // whose fixed descriptors read the weights: B here is a placeholder address.
+    const bool gate_up = kKind == Kind::kLinearSwiGLU;
+    tables.shapes[g] = {used, static_cast<int>(gate_up ? 2 * n : n),
+                        static_cast<int>(paired ? 2 * k : k)};
     tables.a[g] = a + row0 * k;
     tables.b[g] = b + e * n * k;
     tables.d[g] = d + row0 * n;
     tables.stride_a[g] = leading_stride<StrideA>(k);
-    // kLinear: B[e] is [N, K] (K contiguous); the transposed kinds: [K, N] (N contiguous).
-    tables.stride_b[g] = leading_stride<StrideB>(kKind == Kind::kLinear ? k : n);
+    // kLinear*: B[e] is [N, K] (K contiguous); the transposed kinds: [K, N] (N contiguous).
+    const bool k_major = kKind == Kind::kLinear || gate_up;
+    tables.stride_b[g] = leading_stride<StrideB>(k_major ? k : n);
     if (paired) {  // the same shapes and strides as the first pair
       tables.a2[g] = static_cast<const Element*>(args.sets[1].a) + row0 * k;
       tables.b2[g] = static_cast<const Element*>(args.sets[1].b) + e * n * k;
@@ -181,14 +186,19 @@ __global__ void zero_empty_experts_kernel(GroupedArgs args, const int32_t* used)
   }
 }
 
-// Zeroes the D rows no tile computes, in 16-byte vectors, for operand set blockIdx.y: each
+// Output blockIdx.y of a launch: each operand set's D, then kLinearSwiGLU's hidden.
+__device__ __forceinline__ void* output(const GroupedArgs& args, int index) {
+  return index < kMaxSets ? args.sets[index].d : args.hidden;
+}
+
+// Zeroes the D rows no tile computes, in 16-byte vectors, for output blockIdx.y: each
 // segment's padding rows [row0 + used, row0 + rows) and, when total_rows > 0, the rows from the
 // last segment's end to total_rows. A template (not `static`) so the kernel has one name in every
 // translation unit, whatever the build path.
 template <int kUnused = 0>
 __global__ void zero_uncomputed_rows_kernel(GroupedArgs args, const int32_t* used,
                                             int64_t row_bytes) {
-  auto* d = static_cast<uint4*>(args.sets[blockIdx.y].d);
+  auto* d = static_cast<uint4*>(output(args, static_cast<int>(blockIdx.y)));
   const int64_t vectors = row_bytes / 16;
   const int64_t first = blockIdx.x * blockDim.x + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -214,7 +224,9 @@ cudaError_t fill_tables(const GroupedArgs& args, const Tables& tables, int group
         <<<dim3(64, groups), 256, 0, stream>>>(args, tables.used);
   } else if (args.row_source != nullptr || args.total_rows > 0) {
     const int64_t row_bytes = args.n * static_cast<int64_t>(sizeof(typename Tables::ElementOut));
-    const int outputs = kKind == Kind::kLinearTransposedPair ? 1 : args.num_sets;
+    const int outputs = kKind == Kind::kLinearTransposedPair ? 1
+                        : kKind == Kind::kLinearSwiGLU   ? kMaxSets + 1
+                                                         : args.num_sets;
     zero_uncomputed_rows_kernel<><<<dim3(132, outputs), 256, 0, stream>>>(
         args, tables.used, row_bytes);
   }

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import math
 from typing import NamedTuple
 
 import torch
@@ -22,6 +23,8 @@ from mok import _extension
 from mok._checks import check_tensor
 
 _BF16 = torch.bfloat16
+# LINEAR_SWIGLU's tiles put 128 gate columns beside the same 128 up columns.
+SWIGLU_TILE_COLUMNS = 128
 
 
 class MxWeight(NamedTuple):
@@ -37,6 +40,7 @@ class Kind(enum.IntEnum):
     LINEAR_PAIR = 2  # a[seg] @ w[e] + a2[seg] @ w2[e], w and w2 [E, K, N] -> bf16
     WEIGHT_GRAD = 3  # a[seg]^T @ b[seg] per expert -> bf16 [E, Ka, Kb]
     LINEAR_MX = 4  # LINEAR with w an MXFP8 (E4M3 [E, N, K], scale tiles) pair -> bf16
+    LINEAR_SWIGLU = 5  # LINEAR of gate and up weights, + hidden = swiglu(gate, up) -> bf16 x3
 
 
 def available(device: torch.device) -> bool:
@@ -74,16 +78,20 @@ def _launch(
     total_rows: int = 0,
     row_source=None,
     b_scales=(),
+    hidden=None,
+    limit=None,
 ) -> None:
     """sets: one or two (a, b, d) tuples of contiguous 16-byte aligned tensors (LINEAR_PAIR: the
     second set's d None); row_source: None or int32 [R] (R = the first operand's rows) on the
-    device; b_scales: LINEAR_MX's scale tiles of each set's b."""
+    device; b_scales: LINEAR_MX's scale tiles of each set's b; hidden and limit: LINEAR_SWIGLU's
+    third output and SwiGLU clamp."""
     device = rows.device
     if row_source is not None:
         check_tensor("row_source", row_source, dtype=torch.int32, shape=[sets[0][0].shape[0]],
                      dims=["R"], device=device)  # fmt: skip
     experts = rows.shape[0]
-    groups = experts if kind == Kind.LINEAR_PAIR else len(sets) * experts
+    one_group = kind in (Kind.LINEAR_PAIR, Kind.LINEAR_SWIGLU)  # both sets in each tile
+    groups = experts if one_group else len(sets) * experts
     nbytes = _scratch_bytes(device, kind, groups)
     scratch = torch.empty(nbytes, dtype=torch.uint8, device=device)
     first = sets[0]
@@ -109,6 +117,9 @@ def _launch(
         scratch_bytes=nbytes,
         b_scale=_address(b_scales[0] if b_scales else None),
         b2_scale=_address(b_scales[1] if len(b_scales) > 1 else None),
+        hidden=_address(hidden),
+        has_limit=limit is not None,
+        limit=0.0 if limit is None else float(limit),
     )
 
 
@@ -164,6 +175,36 @@ def _linear(kind: Kind, a, weights, rows, row_source, zero_rest, scales=()):
     total_rows = a.shape[0] if zero_rest else 0
     _launch(kind, sets, rows, weights[0].shape[1], a.shape[1], total_rows, row_source, scales)
     return outs
+
+
+def linear_swiglu(
+    a: torch.Tensor,
+    w_gate: torch.Tensor,
+    w_up: torch.Tensor,
+    rows: torch.Tensor,
+    limit: float | None = None,
+    row_source=None,
+    zero_rest: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The forward's gate and up GEMMs with SwiGLU in their epilogue, one launch: (gate, up,
+    hidden) bf16 [R, N] each for w_gate, w_up [E, N, K], N a multiple of 128. The bits of
+    `linear(a, [w_gate, w_up], ...)` followed by mok's `swiglu(gate, up, limit)`: hidden is
+    silu(min(gate, L)) * clamp(up, -L, L) of the bf16 gate and up. Rows as in `linear`."""
+    experts = _experts(rows, a)
+    n = w_gate.shape[1] if w_gate.dim() == 3 else None
+    for name, w in (("w_gate", w_gate), ("w_up", w_up)):
+        _shaped(name, w, [experts, n, a.shape[1]], "E N K", a.device)
+    if n % SWIGLU_TILE_COLUMNS:
+        raise ValueError(f"linear_swiglu needs N a multiple of {SWIGLU_TILE_COLUMNS}, got N={n}")
+    if limit is not None and not (math.isfinite(limit) and limit >= 0):
+        raise ValueError(f"`limit` must be None or finite and >= 0, got {limit}")
+    a = _bf16(a)
+    gate, up, hidden = (a.new_empty((a.shape[0], n)) for _ in range(3))
+    sets = [(a, _bf16(w_gate), gate), (a, _bf16(w_up), up)]
+    total_rows = a.shape[0] if zero_rest else 0
+    _launch(Kind.LINEAR_SWIGLU, sets, rows, n, a.shape[1], total_rows, row_source,
+            hidden=hidden, limit=limit)  # fmt: skip
+    return gate, up, hidden
 
 
 def linear_mx(

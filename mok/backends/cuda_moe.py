@@ -106,6 +106,15 @@ class HopperGemms(CudaMxfp8, ExpertEngine):
             return cuda_gemm.linear_mx(a, weights, self.rows, self.row_source, zero_rest=False)
         return cuda_gemm.linear(a, weights, self.rows, self.row_source, zero_rest=False)
 
+    def gate_up_swiglu(self, a: torch.Tensor, w_gate, w_up, limit: float | None):
+        """One GEMM launch with SwiGLU in its epilogue (the same bits as the GEMMs + `swiglu`),
+        where the intermediate size is whole 128-column tiles."""
+        if w_gate.shape[1] % cuda_gemm.SWIGLU_TILE_COLUMNS:
+            return super().gate_up_swiglu(a, w_gate, w_up, limit)
+        return cuda_gemm.linear_swiglu(
+            a, w_gate, w_up, self.rows, limit, self.row_source, zero_rest=False
+        )
+
     def linear_sum(self, terms) -> torch.Tensor:
         terms = [(a, w.transpose(1, 2)) for a, w in terms]
         return cuda_gemm.linear_sum(terms, self.rows, self.row_source, zero_rest=False)

@@ -61,8 +61,9 @@ class ExpertEngine:
     [E, N, K]; fp32, or bf16 where a kernel stores bf16), `weight_grad(d_out, a)` ([E, N, K]),
     `quantize(t, normal, transposed)` (the MXFP8 quantizer) and `num_experts`. Engines with
     kernels of their own override the rest: `linears` (several weights, one A), `linear_sum`
-    (two products summed in fp32), `weight_grads` (several gradients of one shape), the
-    elementwise steps `swiglu`, `swiglu_backward`, `scale_rows` and `dequantize`, and the MXFP8
+    (two products summed in fp32), `weight_grads` (several gradients of one shape),
+    `gate_up_swiglu` (the forward's gate and up GEMMs and SwiGLU), the elementwise steps
+    `swiglu`, `swiglu_backward`, `scale_rows` and `dequantize`, and the MXFP8
     steps `mx_round`, `mx_round_rows`, `mx_round_both` and `swiglu_mxfp8`, whose forms here make
     several passes that a kernel can make in one.
     """
@@ -128,6 +129,11 @@ class ExpertEngine:
     def linears(self, a: torch.Tensor, weights) -> list[torch.Tensor]:
         return [self.linear(a, w) for w in weights]
 
+    def gate_up_swiglu(self, a: torch.Tensor, w_gate, w_up, limit: float | None):
+        """(gate, up, hidden) bf16: the gate and up GEMMs, then `swiglu` of their bf16 values."""
+        gate, up = (t.to(torch.bfloat16) for t in self.linears(a, (w_gate, w_up)))
+        return gate, up, self.swiglu(gate, up, limit)
+
     def linear_sum(self, terms) -> torch.Tensor:
         (a1, w1), (a2, w2) = terms
         return self.linear(a1, w1).float() + self.linear(a2, w2).float()
@@ -184,8 +190,7 @@ def _dequant(pair, gemm, transposed: bool = False) -> torch.Tensor:
 
 def forward_bf16(x_rows, w_gate, w_up, w_down, gemm, limit):
     """(gate, up, hidden, y), all bf16 [R, I] / [R, H]."""
-    gate, up = (t.to(torch.bfloat16) for t in gemm.linears(x_rows, (w_gate, w_up)))
-    hidden = gemm.swiglu(gate, up, limit)
+    gate, up, hidden = gemm.gate_up_swiglu(x_rows, w_gate, w_up, limit)
     y = gemm.linear(hidden, w_down).to(torch.bfloat16)
     return gate, up, hidden, y
 
