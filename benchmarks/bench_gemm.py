@@ -9,6 +9,7 @@ Problems (R received rows in E ragged segments, H hidden, I intermediate):
 | dgrad_down    | d_y @ [E, H, I] -> bf16 [R, I]           | linear_transposed (fp32 out)        |
 | dgrad_gate_up | [d_g, d_u] @ [E, 2I, H] -> bf16 [R, H]   | linear_sum, (d_g, W_g) + (d_u, W_u) |
 | wgrad_down    | d_y^T @ hidden per segment -> [E, H, I]  | weight_grads                        |
+| gate_up_swiglu| gate_up, then F.silu(gate) * up (bf16)   | linear_swiglu: SwiGLU in epilogue   |
 | gate_up_mx    | gate_up on the MXFP8 values (bf16)       | linear_mx on the (E4M3, scales)     |
 | down_mx       | down on the MXFP8 values (bf16)          | linear_mx                           |
 
@@ -77,6 +78,12 @@ def rates(timer: harness.Timer, rows: torch.Tensor, offs: torch.Tensor, gate_up,
             lambda: cuda_gemm.weight_grads([(d_y, h_rows)], counts),
         ),
     }
+    gate_w, up_w = _halves(gate_up)
+    problems["gate_up_swiglu"] = (
+        2 * n * 2 * inter * hidden,
+        lambda: _torch_swiglu(torch._grouped_mm(rows, gate_up.transpose(-2, -1), offs=offs)),
+        lambda: cuda_gemm.linear_swiglu(rows, gate_w, up_w, counts),
+    )
     if mok:
         problems.update(_mx_problems(rows, h_rows, gate_up, down, offs, counts))
     out: dict[str, float] = {"grouped_mm_rows": n}
@@ -94,6 +101,12 @@ def rates(timer: harness.Timer, rows: torch.Tensor, offs: torch.Tensor, gate_up,
                 out[f"mok_gemm_{name}_tflops"] = mine
                 out[f"mok_gemm_{name}_vs_grouped_mm"] = mine / baseline
     return out
+
+
+def _torch_swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU of a [R, 2I] gate|up product as a torch model writes it."""
+    gate, up = gate_up.chunk(2, dim=1)
+    return torch.nn.functional.silu(gate) * up
 
 
 def _mx_problems(rows, h_rows, gate_up, down, offs, counts) -> dict:

@@ -91,10 +91,13 @@ class SwigluEpilogue {
     using namespace cute;
     constexpr int kTileM = size<0>(BlockShapeMNK{});
     constexpr int kHalfN = size<1>(BlockShapeMNK{}) / 2;
-    // GMMA's accumulator: values (column pair, row pair, 8-column chunk); the chunks of the
-    // second half of the tile's columns follow those of the first.
-    constexpr int kHalf = size(FrgLayout{}) / 2;
-    static_assert(size<0, 0>(FrgLayout{}) == 2 && kHalf % 2 == 0, "bf16 column pairs");
+    // GMMA's accumulator: ((column pair, row pair, 8-column chunk), M atoms, N atoms); the
+    // chunks of the tile's second half (up) follow those of its first (gate).
+    using Shape = decltype(shape(FrgLayout{}));
+    constexpr int kChunks = size<0, 2>(Shape{});
+    static_assert(size<0, 0>(Shape{}) == 2 && size<0, 1>(Shape{}) == 2 &&
+                      size<2>(Shape{}) == 1 && kChunks % 2 == 0,
+                  "GMMA accumulators of one N atom");
     const int rows = get<0>(problem_shape_mnkl);
     auto [m_coord, n_coord, k_coord, l_coord] = blk_coord;
     auto thread_mma = tiled_mma.get_thread_slice(thread_idx);
@@ -103,25 +106,36 @@ class SwigluEpilogue {
     const int row0 = static_cast<int>(m_coord) * kTileM;
     const int64_t col0 = static_cast<int64_t>(n_coord) * kHalfN;
     CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < kHalf; i += 2) {
-      const int row = row0 + get<0>(coords(i));
-      if (row >= rows) continue;
-      const int64_t at = segment + row * params_.n + col0 + get<1>(coords(i));
-      const __nv_bfloat162 gate = __floats2bfloat162_rn(accumulators(i), accumulators(i + 1));
-      const __nv_bfloat162 up =
-          __floats2bfloat162_rn(accumulators(kHalf + i), accumulators(kHalf + i + 1));
-      const float2 g = __bfloat1622float2(gate);
-      const float2 u = __bfloat1622float2(up);
-      const __nv_bfloat162 hidden = __floats2bfloat162_rn(
-          experts::swiglu_value(g.x, u.x, params_.has_limit, params_.limit),
-          experts::swiglu_value(g.y, u.y, params_.has_limit, params_.limit));
-      store(params_.gate, at, gate);
-      store(params_.up, at, up);
-      store(params_.hidden, at, hidden);
+    for (int m = 0; m < size<1>(Shape{}); ++m) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int c = 0; c < kChunks / 2; ++c) {
+          auto at_ = [&](int pair, int chunk) { return make_coord(make_coord(pair, r, chunk), m, 0); };
+          const auto where = coords(index(0, c));
+          const int row = row0 + get<0>(where);
+          if (row >= rows) continue;
+          const int64_t at = segment + row * params_.n + col0 + get<1>(where);
+          const auto gate = __floats2bfloat162_rn(accumulators(index(0, c)), accumulators(index(1, c)));
+          const int up_chunk = c + kChunks / 2;
+          const auto up = __floats2bfloat162_rn(accumulators(index(0, up_chunk)),
+                                                accumulators(index(1, up_chunk)));
+          store(params_.gate, at, gate);
+          store(params_.up, at, up);
+          store(params_.hidden, at, swiglu_pair(gate, up));
+        }
+      }
     }
   }
 
  private:
+  CUTLASS_DEVICE __nv_bfloat162 swiglu_pair(__nv_bfloat162 gate, __nv_bfloat162 up) const {
+    const float2 g = __bfloat1622float2(gate);
+    const float2 u = __bfloat1622float2(up);
+    return __floats2bfloat162_rn(experts::swiglu_value(g.x, u.x, params_.has_limit, params_.limit),
+                                 experts::swiglu_value(g.y, u.y, params_.has_limit, params_.limit));
+  }
+
   CUTLASS_DEVICE static void store(ElementD* base, int64_t at, __nv_bfloat162 value) {
     *reinterpret_cast<__nv_bfloat162*>(base + at) = value;
   }
