@@ -111,12 +111,15 @@ class SwigluEpilogue {
       for (int r = 0; r < 2; ++r) {
         CUTLASS_PRAGMA_UNROLL
         for (int c = 0; c < kChunks / 2; ++c) {
-          auto at_ = [&](int pair, int chunk) { return make_coord(make_coord(pair, r, chunk), m, 0); };
+          auto index = [&](int pair, int chunk) {
+            return make_coord(make_coord(pair, r, chunk), m, 0);
+          };
           const auto where = coords(index(0, c));
           const int row = row0 + get<0>(where);
           if (row >= rows) continue;
           const int64_t at = segment + row * params_.n + col0 + get<1>(where);
-          const auto gate = __floats2bfloat162_rn(accumulators(index(0, c)), accumulators(index(1, c)));
+          const auto gate =
+              __floats2bfloat162_rn(accumulators(index(0, c)), accumulators(index(1, c)));
           const int up_chunk = c + kChunks / 2;
           const auto up = __floats2bfloat162_rn(accumulators(index(0, up_chunk)),
                                                 accumulators(index(1, up_chunk)));
