@@ -44,13 +44,8 @@ struct GroupedGemm {
   using Element = cutlass::bfloat16_t;
   using ElementC = void;
   using Accumulator = float;
-  // kLinearSwiGLU's epilogue is arithmetic (SwiGLU per element): ping-pong warpgroups, each
-  // with its own 128 x 128 tile, run it beside the other's mainloop instead of after both.
-  using TileShape = cute::Shape<cute::_128, std::conditional_t<kSwiglu, cute::_128, cute::_256>,
-                                cute::Int<kTileK>>;
-  using KernelSchedule =
-      std::conditional_t<kSwiglu, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong,
-                         cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>;
+  using TileShape = cute::Shape<cute::_128, cute::_256, cute::Int<kTileK>>;
+  using KernelSchedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
   using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
   static constexpr int kAlignment = 16 / sizeof(Element);
   static constexpr int kAlignmentD = 16 / sizeof(ElementD);
