@@ -81,6 +81,7 @@ class HopperGemms(CudaMxfp8, ExpertEngine):
         self.rows = schedule[3]
         self.num_tokens = schedule[2]
         self.num_experts = num_experts
+        self.swiglu_epilogue = _swiglu_epilogue()
 
     mx_weights_as_stored = True
 
@@ -107,9 +108,11 @@ class HopperGemms(CudaMxfp8, ExpertEngine):
         return cuda_gemm.linear(a, weights, self.rows, self.row_source, zero_rest=False)
 
     def gate_up_swiglu(self, a: torch.Tensor, w_gate, w_up, limit: float | None):
-        """One GEMM launch with SwiGLU in its epilogue (the same bits as the GEMMs + `swiglu`),
-        where the intermediate size is whole 128-column tiles."""
-        if w_gate.shape[1] % cuda_gemm.SWIGLU_TILE_COLUMNS:
+        """With MOK_SWIGLU_EPILOGUE=1 (and whole 128-column tiles), one GEMM launch with SwiGLU
+        in its epilogue: the same bits as the GEMMs + `swiglu`. Off by default: on 1x H200 it
+        is 0.08-0.18 ms slower than the two steps, the epilogue's arithmetic running while the
+        tensor cores idle (benchmarks/NOTES.md v13)."""
+        if not self.swiglu_epilogue or w_gate.shape[1] % cuda_gemm.SWIGLU_TILE_COLUMNS:
             return super().gate_up_swiglu(a, w_gate, w_up, limit)
         return cuda_gemm.linear_swiglu(
             a, w_gate, w_up, self.rows, limit, self.row_source, zero_rest=False
@@ -143,6 +146,13 @@ class HopperGemms(CudaMxfp8, ExpertEngine):
 
 def _transposed_view(weight: torch.Tensor) -> bool:
     return not weight.is_contiguous() and weight.transpose(1, 2).is_contiguous()
+
+
+def _swiglu_epilogue() -> bool:
+    choice = os.environ.get("MOK_SWIGLU_EPILOGUE", "0")
+    if choice not in ("0", "1"):
+        raise ValueError(f"MOK_SWIGLU_EPILOGUE must be 0 or 1, got {choice!r}")
+    return choice == "1"
 
 
 def _use_mok_gemms(device: torch.device) -> bool:

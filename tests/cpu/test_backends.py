@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mok import backends
-from mok.backends.cuda_moe import CudaEngine, GroupedGemms
+from mok.backends.cuda_moe import CudaEngine, GroupedGemms, HopperGemms
 from mok.backends.reference import ReferenceEngine
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
@@ -72,3 +72,13 @@ def test_routed_gemms_unknown_choice_is_named(monkeypatch):
     monkeypatch.setenv("MOK_GROUPED_GEMM", "cublas")
     with pytest.raises(ValueError, match="MOK_GROUPED_GEMM must be auto, mok or torch"):
         CudaEngine.routed_gemms(_cpu_schedule(), 2)
+
+
+def test_swiglu_epilogue_switch_is_checked(monkeypatch):
+    monkeypatch.setenv("MOK_SWIGLU_EPILOGUE", "1")
+    assert HopperGemms(_cpu_schedule(), 2).swiglu_epilogue
+    monkeypatch.delenv("MOK_SWIGLU_EPILOGUE")
+    assert not HopperGemms(_cpu_schedule(), 2).swiglu_epilogue
+    monkeypatch.setenv("MOK_SWIGLU_EPILOGUE", "yes")
+    with pytest.raises(ValueError, match="MOK_SWIGLU_EPILOGUE must be 0 or 1, got 'yes'"):
+        HopperGemms(_cpu_schedule(), 2)

@@ -235,6 +235,20 @@ def test_background_exchanges_change_no_bit(nccl_group, monkeypatch, mode):
         assert torch.equal(a, b), f"{name}: background exchanges changed the result"
 
 
+@pytest.mark.parametrize("case", ["qwen3-235b-like", "smallest"])
+def test_swiglu_epilogue_changes_no_bit(nccl_group, monkeypatch, case):
+    """The gate/up GEMM with SwiGLU in its epilogue (MOK_SWIGLU_EPILOGUE=1) gives the bits of
+    the GEMM + SwiGLU kernel pair; "smallest" (I = 128) runs it, as qwen3-235b-like does."""
+    data = _make(CASES[case], _seed())
+    config, ws = _workspace(nccl_group, data)
+    monkeypatch.setenv("MOK_SWIGLU_EPILOGUE", "0")
+    apart, _ = step(ws, config, data, "bf16")
+    monkeypatch.setenv("MOK_SWIGLU_EPILOGUE", "1")
+    fused, _ = step(ws, config, data, "bf16")
+    for name, a, b in zip(("out", *GRAD_NAMES), apart, fused, strict=True):
+        assert torch.equal(a, b), f"{name}: the SwiGLU epilogue changed the result"
+
+
 # dsv4-like's shared expert is large enough for background exchanges (a forked stream in the
 # graph), qwen3-235b-like's is not.
 @pytest.mark.parametrize("case", ["qwen3-235b-like", "dsv4-like"])
