@@ -50,12 +50,9 @@ struct GateUpMainloop : CarriesGroup<Base> {
                 "B stages must be 128-byte swizzled K-major tiles, halves contiguous");
   static constexpr int kHalfElements = kHalfN * kTileK;
 
-  using TmaW = decltype(cute::make_tma_copy(
-      cute::SM90_TMA_LOAD_MULTICAST{},
-      cute::make_tensor(static_cast<Element const*>(nullptr),
-                        cute::make_layout(cute::make_shape(0, 0, 0),
-                                          cute::make_stride(int64_t{0}, cute::_1{}, int64_t{0}))),
-      SmemLayoutHalf{}, cute::make_shape(cute::Int<kHalfN>{}, cute::Int<kTileK>{}), cute::_1{}));
+  using HalfTile = cute::Shape<cute::Int<kHalfN>, cute::Int<kTileK>>;
+  using TmaW = decltype(expert_weight_tma<Element, cute::SM90_TMA_LOAD_MULTICAST, SmemLayoutHalf,
+                                          HalfTile>(nullptr, 0, 0, 0));
 
   // {base (ptr_A: the rows per group, ptr_B: any addresses), weights, n, k, experts}.
   struct Arguments : Base::Arguments {
@@ -78,14 +75,9 @@ struct GateUpMainloop : CarriesGroup<Base> {
     Params params{Base::to_underlying_arguments(problem_shapes, args, workspace), {},
                   args.n, args.k, args.experts};
     for (int w = 0; w < kGateUpWeights; ++w) {
-      auto weight = cute::make_tensor(
-          static_cast<Element const*>(args.weights[w]),
-          cute::make_layout(cute::make_shape(args.n, args.k, args.experts),
-                            cute::make_stride(int64_t{args.k}, cute::_1{},
-                                              int64_t{args.n} * args.k)));
-      params.tma_w[w] = cute::make_tma_copy(
-          cute::SM90_TMA_LOAD_MULTICAST{}, weight, SmemLayoutHalf{},
-          cute::make_shape(cute::Int<kHalfN>{}, cute::Int<kTileK>{}), cute::_1{});
+      params.tma_w[w] =
+          expert_weight_tma<Element, cute::SM90_TMA_LOAD_MULTICAST, SmemLayoutHalf, HalfTile>(
+              args.weights[w], args.n, args.k, args.experts);
     }
     return params;
   }

@@ -60,13 +60,10 @@ struct MxWeightMainloop : CarriesGroup<Base> {
   using SmemLayoutW = decltype(cute::tile_to_shape(
       cute::GMMA::Layout_K_SW64_Atom<uint8_t>{},
       cute::make_shape(cute::Int<kTileM>{}, cute::Int<kTileK>{}, cute::Int<kStages>{})));
-  using TmaW = decltype(cute::make_tma_copy(
-      cute::SM90_TMA_LOAD{},
-      cute::make_tensor(static_cast<uint8_t const*>(nullptr),
-                        cute::make_layout(cute::make_shape(0, 0, 0),
-                                          cute::make_stride(int64_t{0}, cute::_1{}, int64_t{0}))),
-      SmemLayoutW{}(cute::_, cute::_, cute::Int<0>{}),
-      cute::make_shape(cute::Int<kTileM>{}, cute::Int<kTileK>{}), cute::_1{}));
+  using SmemLayoutWStage = decltype(SmemLayoutW{}(cute::_, cute::_, cute::Int<0>{}));
+  using WeightTile = cute::Shape<cute::Int<kTileM>, cute::Int<kTileK>>;
+  using TmaW = decltype(expert_weight_tma<uint8_t, cute::SM90_TMA_LOAD, SmemLayoutWStage,
+                                          WeightTile>(nullptr, 0, 0, 0));
 
   struct TensorStorage : cute::aligned_struct<128, cute::_0> {
     cute::array_aligned<uint8_t, cute::cosize_v<SmemLayoutW>> smem_W;
@@ -103,14 +100,9 @@ struct MxWeightMainloop : CarriesGroup<Base> {
     params.tma_transaction_bytes = kTransactionBytes;
     for (int set = 0; set < kMxWeightSets; ++set) {
       const int from = args.weights[set] != nullptr ? set : 0;  // an unused set repeats the first
-      auto weight = cute::make_tensor(
-          static_cast<uint8_t const*>(args.weights[from]),
-          cute::make_layout(cute::make_shape(args.n, args.k, args.experts),
-                            cute::make_stride(int64_t{args.k}, cute::_1{},
-                                              int64_t{args.n} * args.k)));
-      params.tma_w[set] = cute::make_tma_copy(
-          cute::SM90_TMA_LOAD{}, weight, SmemLayoutW{}(cute::_, cute::_, cute::Int<0>{}),
-          cute::make_shape(cute::Int<kTileM>{}, cute::Int<kTileK>{}), cute::_1{});
+      params.tma_w[set] = expert_weight_tma<uint8_t, cute::SM90_TMA_LOAD, SmemLayoutWStage,
+                                            WeightTile>(args.weights[from], args.n, args.k,
+                                                        args.experts);
       params.scales[set] = static_cast<const uint8_t*>(args.scales[from]);
     }
     params.experts = args.experts;

@@ -45,6 +45,18 @@ CUTLASS_DEVICE void for_each_k_tile(Pipeline& pipeline, PipelineState state,
   }
 }
 
+// A TMA copy of experts' weights [experts, n, k] (K contiguous) viewed as (n, k, expert): one
+// fixed descriptor serves every group, the expert being a tensor coordinate, so no group needs
+// a descriptor update. Tile is the box (rows, k) that one copy loads into SmemLayout.
+template <class Element, class CopyOp, class SmemLayout, class Tile>
+auto expert_weight_tma(const void* weights, int n, int k, int experts) {
+  auto tensor = cute::make_tensor(
+      static_cast<Element const*>(weights),
+      cute::make_layout(cute::make_shape(n, k, experts),
+                        cute::make_stride(int64_t{k}, cute::_1{}, int64_t{n} * k)));
+  return cute::make_tma_copy(CopyOp{}, tensor, SmemLayout{}, Tile{}, cute::_1{});
+}
+
 // Base with the work tile's group index carried in its load inputs (third element): the
 // grouped kernel's block coordinate has no group, but hands each new group to
 // tensors_perform_update. Mainloops whose weights are one fixed TMA descriptor with the expert
