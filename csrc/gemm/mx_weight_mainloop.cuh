@@ -30,6 +30,7 @@
 #include "cutlass/cutlass.h"
 #include "cutlass/gemm/dispatch_policy.hpp"
 #include "gemm/producer_loads.cuh"
+#include "gemm/tables.cuh"
 
 namespace mok::gemm::detail {
 
@@ -84,6 +85,7 @@ struct MxWeightMainloop : CarriesGroup<Base> {
     TmaW tma_w[kMxWeightSets];
     const uint8_t* scales[kMxWeightSets];
     int experts;
+    int sets;         // weights per launch (groups: experts x sets, tables.cuh's group_index)
     int row_tiles;    // n / 128: scale tile rows per expert
     int scale_tiles;  // k / 128: scale tiles per tile row
   };
@@ -96,7 +98,8 @@ struct MxWeightMainloop : CarriesGroup<Base> {
   template <class ProblemShape>
   static Params to_underlying_arguments(ProblemShape problem_shapes, Arguments const& args,
                                         void* workspace) {
-    Params params{Base::to_underlying_arguments(problem_shapes, args, workspace), {}, {}, 0, 0, 0};
+    Params params{Base::to_underlying_arguments(problem_shapes, args, workspace), {}, {}, 0, 0,
+                  0, 0};
     params.tma_transaction_bytes = kTransactionBytes;
     for (int set = 0; set < kMxWeightSets; ++set) {
       const int from = args.weights[set] != nullptr ? set : 0;  // an unused set repeats the first
@@ -106,6 +109,7 @@ struct MxWeightMainloop : CarriesGroup<Base> {
       params.scales[set] = static_cast<const uint8_t*>(args.scales[from]);
     }
     params.experts = args.experts;
+    params.sets = args.weights[1] != nullptr ? kMxWeightSets : 1;
     params.row_tiles = args.n / kTileM;
     params.scale_tiles = args.k / kScaleTileK;
     return params;
@@ -121,8 +125,7 @@ struct MxWeightMainloop : CarriesGroup<Base> {
     using namespace cute;
     if (!elect_one_sync()) return;
     const int group = get<2>(load_inputs);
-    const int set = group / params.experts;
-    const int expert = group % params.experts;
+    const auto [set, expert] = group_index(group, params.experts * params.sets, params.experts);
     auto [m_coord, n_coord, k_coord, l_coord] = blk_coord;
     auto const& tma_w = params.tma_w[set];
     Tensor mW = tma_w.get_tma_tensor(make_shape(params.row_tiles * kTileM,

@@ -105,13 +105,26 @@ __device__ __forceinline__ int routed_rows(const int32_t* source, int64_t row0, 
   return rows > kMaxPaddingRows ? rows - kMaxPaddingRows : 0;
 }
 
-// Group g = set * experts + e (one warp each; g = e for kLinearTransposedPair, whose two sets
-// are one group's halves of K). Segment e starts at row0 = sum(rows[:e]).
+// The operand set and expert of group g among `groups` = experts x sets per expert (one set per
+// expert where both sets are one tile's: kLinearTransposedPair, kLinearSwiGLU). Expert-major,
+// g = e * sets + set: the persistent scheduler walks groups in order, so CTAs compute gate and
+// up (or their weight gradients) of one expert together and read its rows once from HBM, as
+// torch's stacked [E, 2I, H] weight does; set-major order read every row twice.
+struct GroupIndex {
+  int set;
+  int expert;
+};
+
+__host__ __device__ inline GroupIndex group_index(int g, int groups, int experts) {
+  const int sets = groups / experts;
+  return {g % sets, g / sets};
+}
+
+// Group g: one warp each (see group_index). Segment e starts at row0 = sum(rows[:e]).
 template <Kind kKind, class Tables>
 __global__ void fill_tables_kernel(GroupedArgs args, Tables tables) {
   const int g = static_cast<int>(blockIdx.x);
-  const int set = g / args.experts;
-  const int e = g % args.experts;
+  const auto [set, e] = group_index(g, static_cast<int>(gridDim.x), args.experts);
   int64_t row0 = 0;
   for (int j = 0; j < e; ++j) row0 += args.rows[j];
   const int used = routed_rows(args.row_source, row0, args.rows[e]);
@@ -177,8 +190,8 @@ template <class ElementD>
 __global__ void zero_empty_experts_kernel(GroupedArgs args, const int32_t* used) {
   const int g = static_cast<int>(blockIdx.y);
   if (used[g] != 0) return;
-  const int e = g % args.experts;
-  auto* d = static_cast<ElementD*>(args.sets[g / args.experts].d) + e * args.k * args.n;
+  const auto [set, e] = group_index(g, static_cast<int>(gridDim.y), args.experts);
+  auto* d = static_cast<ElementD*>(args.sets[set].d) + e * args.k * args.n;
   const int64_t count = args.k * args.n;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += stride) {
