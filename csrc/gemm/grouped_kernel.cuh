@@ -45,7 +45,6 @@ struct GroupedGemm {
   using ElementC = void;
   using Accumulator = float;
   using TileShape = cute::Shape<cute::_128, cute::_256, cute::Int<kTileK>>;
-  using KernelSchedule = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
   using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
   static constexpr int kAlignment = 16 / sizeof(Element);
   static constexpr int kAlignmentD = 16 / sizeof(ElementD);
@@ -66,7 +65,7 @@ struct GroupedGemm {
       Element, LayoutB*, kAlignment, Accumulator, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename Epilogue::SharedStorage))>,
-      KernelSchedule>::CollectiveOp;
+      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
   using Mainloop = std::conditional_t<
       kPaired, PairedKMainloop<BuiltMainloop>,
       std::conditional_t<kMxWeight, MxWeightMainloop<BuiltMainloop>,

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from mok import functional as F
 from mok import ops
-from mok.backends import moe
+from mok.backends import cuda_gemm, moe
 
 # Rank-count agnostic: the 1-rank pass runs them at EP=1, the multi-GPU pass at EP=N.
 pytestmark = [pytest.mark.gpu, pytest.mark.multi_gpu]
@@ -241,10 +241,20 @@ def test_swiglu_epilogue_changes_no_bit(nccl_group, monkeypatch, case):
     the GEMM + SwiGLU kernel pair; "smallest" (I = 128) runs it, as qwen3-235b-like does."""
     data = _make(CASES[case], _seed())
     config, ws = _workspace(nccl_group, data)
+    launches = []
+    fused_gemm = cuda_gemm.linear_swiglu
+
+    def counted(*args, **kwargs):
+        launches.append(1)
+        return fused_gemm(*args, **kwargs)
+
+    monkeypatch.setattr(cuda_gemm, "linear_swiglu", counted)
     monkeypatch.setenv("MOK_SWIGLU_EPILOGUE", "0")
     apart, _ = step(ws, config, data, "bf16")
+    assert not launches, "the SwiGLU epilogue ran although switched off"
     monkeypatch.setenv("MOK_SWIGLU_EPILOGUE", "1")
     fused, _ = step(ws, config, data, "bf16")
+    assert launches, "MOK_SWIGLU_EPILOGUE=1 did not run the SwiGLU epilogue"
     for name, a, b in zip(("out", *GRAD_NAMES), apart, fused, strict=True):
         assert torch.equal(a, b), f"{name}: the SwiGLU epilogue changed the result"
 
