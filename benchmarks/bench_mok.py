@@ -13,12 +13,14 @@ not exist yet) is what is timed; the run records which one it was (harness.envir
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import os
 from pathlib import Path
 
 import harness
+import torch
 
 from mok import functional as F
 from mok import ops
@@ -92,15 +94,13 @@ def run(
     # One host sync, outside the timings: a capacity overflow or a bad expert id would have
     # made the numbers meaningless, so it fails the measurement instead.
     F.check_status(step.ws)
-    outputs = {
-        "out": state[2],
-        "d_x": grads[0],
-        "d_rw": grads[1],
-        "d_gate": grads[2],
-        "d_up": grads[3],
-        "d_down": grads[4],
-    }
-    return {"fwd": fwd, "bwd": bwd, "outputs": outputs}
+    return {"fwd": fwd, "bwd": bwd, "outputs": _outputs(state[2], grads)}
+
+
+def _outputs(out, grads) -> dict:
+    """The compared outputs: the forward's and backward's five gradients."""
+    names = ("d_x", "d_rw", "d_gate", "d_up", "d_down")
+    return {"out": out, **dict(zip(names, grads[:5], strict=True))}
 
 
 def run_bf16(d, timer, shape, sets) -> dict:
@@ -123,6 +123,54 @@ def run_bf16_foreground(d, timer, shape, sets) -> dict:
             del os.environ["MOK_OVERLAP_CTAS"]
         else:
             os.environ["MOK_OVERLAP_CTAS"] = before
+
+
+class GraphStep:
+    """Step's two passes, each captured once in a CUDA graph over static inputs (mok's step has
+    no host sync, so it can be): a call copies its input set into them and replays the graph,
+    as a CUDA-graphed training step does. What the eager step's host time costs is its time
+    minus this one's, measured in the same run."""
+
+    def __init__(self, d: harness.Dist, shape: harness.Shape, sets: list, *, mxfp8: bool):
+        self.sets = sets
+        self.static = harness.Inputs(*(t.clone() for t in dataclasses.astuple(sets[0])))
+        step = Step(d, shape, [self.static], mxfp8=mxfp8)
+        self.ws = step.ws
+        for _ in range(2):  # module load, pointer tables, allocator, cuBLAS heuristics
+            step.backward(step.forward(0))
+        torch.cuda.synchronize()
+        self.fwd_graph, self.bwd_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.fwd_graph):
+            self.state = step.forward(0)
+        with torch.cuda.graph(self.bwd_graph):
+            self.grads = step.backward(self.state)
+        self._step = itertools.count()
+
+    def _load(self, inputs: harness.Inputs, names: tuple[str, ...]) -> None:
+        for name in names:
+            getattr(self.static, name).copy_(getattr(inputs, name))
+
+    def forward(self, index: int | None = None) -> None:
+        i = next(self._step) % len(self.sets) if index is None else index
+        self._load(self.sets[i], ("x", "top", "rw"))
+        self.fwd_graph.replay()
+
+    def backward(self, index: int = 0) -> None:
+        self._load(self.sets[index], ("grad",))
+        self.bwd_graph.replay()
+
+
+def run_bf16_graph(d, timer, shape, sets) -> dict:
+    """BF16, each pass replayed from a CUDA graph (GraphStep): the step without host time."""
+    if not d.cuda:
+        raise RuntimeError("mok_bf16_cg replays CUDA graphs: it needs a GPU")
+    step = GraphStep(d, shape, sets, mxfp8=False)
+    fwd = timer.measure(step.forward)
+    step.forward(0)
+    bwd = timer.measure(step.backward)
+    step.backward(0)
+    F.check_status(step.ws)  # outside the timings, as in run()
+    return {"fwd": fwd, "bwd": bwd, "outputs": _outputs(step.state[2], step.grads)}
 
 
 # ------------------------------------------------------------------- shared by the profilers

@@ -1,14 +1,16 @@
 """Where one mok step's host time goes, and how long the GPU waits for it.
 
     torchrun --standalone --nproc-per-node=N benchmarks/profile_host.py --out DIR
-        [--shapes NAME ...] [--mxfp8] [--calls 20] [--top 30]
+        [--shapes NAME ...] [--mxfp8] [--calls 20] [--top 30] [--api]
 
 Sets up bench_mok's step outside the measurements and warms it up. Then, per pass (schedule +
 forward, backward), on an idle GPU as the harness times it: the host time of the call
 (`perf_counter`, no sync inside), the GPU time between events recorded before and after the
 call, the time to the pass's first kernel and the GPU's idle time between its kernels, both spent
-waiting for the host (`torch.profiler`); medians over the calls, on every rank. Finally cProfile
-over `--calls` steps prints rank 0's functions with the most host time. Writes
+waiting for the host, and its busy time (`torch.profiler`); medians over the calls, on every
+rank. Finally cProfile over `--calls` steps prints rank 0's functions with the most host time.
+`--api` adds, per pass, the host time below Python: each CUDA runtime or driver call's and each
+torch op's own (self) time per call of the pass, from torch.profiler's CPU events. Writes
 DIR/host-<mode>.json on rank 0.
 """
 
@@ -42,9 +44,10 @@ def timed_call(fn) -> tuple[object, float, float]:
     return result, host_ms, start.elapsed_time(end)
 
 
-def idle_gpu_ms(fn) -> tuple[float, float]:
+def idle_gpu_ms(fn) -> tuple[float, float, float]:
     """(ms from the marker kernel enqueued just before fn to fn's first kernel, ms the GPU has
-    no kernel of fn running between that first kernel and the last one's end)."""
+    no kernel of fn running between that first kernel and the last one's end, ms it has one:
+    the pass's GPU time without host waits, which the profiler's own host cost inflates)."""
     marker = torch.zeros(1, device="cuda")
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -57,13 +60,13 @@ def idle_gpu_ms(fn) -> tuple[float, float]:
         if e.device_type == torch.autograd.DeviceType.CUDA
     )
     if len(spans) < 2:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     first = spans[1][0] - spans[0][1]
     idle, reached = 0.0, spans[1][0]
     for start, end in spans[1:]:
         idle += max(0.0, start - reached)
         reached = max(reached, end)
-    return first / 1e3, idle / 1e3
+    return first / 1e3, idle / 1e3, (reached - spans[1][0] - idle) / 1e3
 
 
 def measure(step, calls: int) -> dict:
@@ -75,8 +78,8 @@ def measure(step, calls: int) -> dict:
         _, b_host, b_gpu = timed_call(backward)
         fwd_idle, bwd_idle = idle_gpu_ms(step.forward), idle_gpu_ms(backward)
         values = (host, gpu, *fwd_idle, b_host, b_gpu, *bwd_idle)
-        names = ("fwd_host", "fwd_gpu", "fwd_first_kernel", "fwd_idle",
-                 "bwd_host", "bwd_gpu", "bwd_first_kernel", "bwd_idle")  # fmt: skip
+        names = ("fwd_host", "fwd_gpu", "fwd_first_kernel", "fwd_idle", "fwd_busy",
+                 "bwd_host", "bwd_gpu", "bwd_first_kernel", "bwd_idle", "bwd_busy")  # fmt: skip
         for name, value in zip(names, values, strict=True):
             fields.setdefault(name, []).append(value)
     return {name: round(statistics.median(v), 3) for name, v in fields.items()}
@@ -102,9 +105,34 @@ def host_profile(step, calls: int, top: int) -> str:
     return text.getvalue()
 
 
+def _is_cuda_api(name: str) -> bool:
+    """cudaLaunchKernelExC, cuTensorMapEncodeTiled, ...: the runtime's and the driver's calls."""
+    return name.startswith("cuda") or (name.startswith("cu") and name[2:3].isupper())
+
+
+def api_profile(fn, calls: int, top: int) -> dict:
+    """Per call of fn: host µs and count of each CUDA API call and each torch op's self time."""
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+            torch.cuda.synchronize()
+    totals: dict[str, list[float]] = {}
+    for event in prof.key_averages():
+        if event.device_type != torch.autograd.DeviceType.CPU:
+            continue
+        if _is_cuda_api(event.key) and event.key != "cudaDeviceSynchronize":
+            totals[event.key] = [event.count / calls, event.cpu_time_total / calls]
+        elif event.key.startswith("aten::"):
+            totals[event.key] = [event.count / calls, event.self_cpu_time_total / calls]
+    ranked = sorted(totals.items(), key=lambda item: -item[1][1])[:top]
+    return {name: {"calls": round(c, 1), "us": round(us, 1)} for name, (c, us) in ranked}
+
+
 def main() -> int:
     p = bench_mok.profiler_parser(__doc__, top=30)
     p.add_argument("--calls", type=int, default=20)
+    p.add_argument("--api", action="store_true", help="CUDA API calls' and torch ops' host time")
     args = p.parse_args()
     d = harness.setup_distributed(cpu=False, timeout_s=120.0)
     mode = "mxfp8" if args.mxfp8 else "bf16"
@@ -114,11 +142,19 @@ def main() -> int:
         times = [None] * d.world  # every rank's: the slowest rank sets the step's time
         dist.all_gather_object(times, measure(step, args.calls), group=d.group)
         stats = host_profile(step, args.calls, args.top)
-        report[f"{name} {mode} EP {d.world}"] = {"ms_per_rank": times, "cprofile_rank0": stats}
+        entry = {"ms_per_rank": times, "cprofile_rank0": stats}
+        if args.api:
+            state = step.forward()
+            entry["api_us_per_call"] = {
+                "fwd": api_profile(step.forward, args.calls, args.top),
+                "bwd": api_profile(functools.partial(step.backward, state), args.calls, args.top),
+            }
+        report[f"{name} {mode} EP {d.world}"] = entry
         if d.rank == 0:
             for rank, ms in enumerate(times):
                 print(f"\n{name} {mode} EP {d.world} rank {rank}: {json.dumps(ms)}")
             print(stats)
+            print(json.dumps(entry.get("api_us_per_call", {}), indent=1))
     if d.rank == 0:
         bench_mok.write_report(args.out / f"host-{mode}.json", report)
     dist.destroy_process_group()

@@ -34,7 +34,10 @@ SYSTEMS = {
     "mok_bf16": bench_mok.run_bf16,
     "mok_bf16_fg": bench_mok.run_bf16_foreground,
     "mok_mxfp8": bench_mok.run_mxfp8,
+    "mok_bf16_cg": bench_mok.run_bf16_graph,
 }
+# Systems that need a GPU: left out of --smoke's default systems.
+GPU_ONLY = ("mok_bf16_cg",)
 CHECKED = ("out", "d_x", "d_rw", "d_gate", "d_up", "d_down")
 SCHEMA = "mok-bench/1"
 
@@ -44,7 +47,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, required=True, help="directory for results.json")
     p.add_argument("--smoke", action="store_true", help="CPU, gloo, tiny shapes, few iterations")
     p.add_argument("--shapes", nargs="+", help="shape names (default: all of the mode)")
-    p.add_argument("--systems", nargs="+", choices=list(SYSTEMS), default=list(SYSTEMS))
+    p.add_argument("--systems", nargs="+", choices=list(SYSTEMS),
+                   help="default: all (with --smoke, all that run on CPU)")  # fmt: skip
     p.add_argument("--budget-s", type=float, help="timed seconds per measurement (default 2)")
     p.add_argument("--warmup-s", type=float, default=0.5, help="warm-up seconds (at least 1 iter)")
     p.add_argument("--max-iters", type=int, help="iterations per measurement (default 50)")
@@ -58,6 +62,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if unknown:
         p.error(f"unknown shapes {unknown}; this mode has {list(table)}")
     args.shapes = [table[name] for name in args.shapes]
+    if args.systems is None:
+        args.systems = [s for s in SYSTEMS if not (args.smoke and s in GPU_ONLY)]
+    elif args.smoke and set(args.systems) & set(GPU_ONLY):
+        p.error(f"--smoke runs on CPU; {sorted(set(args.systems) & set(GPU_ONLY))} need a GPU")
     # Smoke: one timed iteration after one warm-up is enough to exercise every code path.
     args.budget_s = args.budget_s if args.budget_s is not None else (0.0 if args.smoke else 2.0)
     args.max_iters = args.max_iters or (1 if args.smoke else 50)

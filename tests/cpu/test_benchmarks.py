@@ -324,3 +324,20 @@ def test_ab_rejects_bad_arguments(argv, message, tmp_path, capsys):
         _load("ab").parse(["--out", str(tmp_path), *argv])
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_gpu_only_systems_stay_out_of_the_smoke_run(single_rank_group):
+    """mok_bf16_cg replays CUDA graphs: --smoke (CPU) leaves it out of its default systems,
+    refuses it by name, and the system itself says it needs a GPU."""
+    import torch
+
+    run = _load("run")
+    assert "mok_bf16_cg" in run.SYSTEMS and "mok_bf16_cg" in run.parse_args(["--out", "o"]).systems
+    smoke = run.parse_args(["--out", "o", "--smoke"]).systems
+    assert smoke == [s for s in run.SYSTEMS if s not in run.GPU_ONLY] and "mok_bf16" in smoke
+    with pytest.raises(SystemExit):
+        run.parse_args(["--out", "o", "--smoke", "--systems", "mok_bf16", "mok_bf16_cg"])
+    harness = _load("harness")
+    d = harness.Dist(0, 1, torch.device("cpu"), single_rank_group)
+    with pytest.raises(RuntimeError, match="needs a GPU"):
+        run.SYSTEMS["mok_bf16_cg"](d, None, harness.SMOKE_SHAPES["tiny"], [])
