@@ -6,15 +6,22 @@ functional API makes six such calls per step, all on the host's critical path be
 has its first large kernel, so outside `torch.compile` it calls the Python function behind each
 op directly: the same code, with the same argument checks. Under `torch.compile` it calls the
 op itself, which the compiler traces through its fake implementation.
+
+The functional API checks every argument of a pass before it calls that pass's fused op, and
+the op body would check the same arguments again (~40-70 µs of host time a pass, also before
+the first GEMM); inside `validated()` the fused ops' bodies skip those repeated checks. Called
+any other way (through torch.ops, or under torch.compile) they check.
 """
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Callable
 
 import torch
 
 _BODIES: dict[object, Callable] = {}
+_VALIDATED = contextvars.ContextVar("mok_arguments_validated", default=False)
 
 
 def custom_op(name: str, **options) -> Callable:
@@ -33,3 +40,30 @@ def direct(op) -> Callable:
     if torch.compiler.is_compiling():
         return op
     return _BODIES[op]
+
+
+class validated:
+    """`with validated():` -- the caller has checked the fused ops' arguments (a class, not a
+    generator context manager: it runs twice a step on the host's critical path)."""
+
+    __slots__ = ("_token",)
+
+    def __enter__(self) -> None:
+        self._token = _VALIDATED.set(True)
+
+    def __exit__(self, *exc_info) -> None:
+        _VALIDATED.reset(self._token)
+
+
+def call_validated(op, *args):
+    """`direct(op)(*args)` for arguments the caller has checked: in eager mode the body runs
+    inside `validated()`; while torch.compile traces, the op itself (which checks)."""
+    if torch.compiler.is_compiling():
+        return op(*args)
+    with validated():
+        return _BODIES[op](*args)
+
+
+def arguments_validated() -> bool:
+    """True inside `validated()`: a fused op body may skip the checks its caller has made."""
+    return _VALIDATED.get()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from mok._custom_op import custom_op
-from mok._moe_ops import OptTensor, Tensor, _common, _shared, check_weights, present
+from mok._moe_ops import OptTensor, Tensor, _shared, check_pass, present
 from mok.backends import moe, select_engine
 
 _MUTATED = ("d_x_routed_buffer", "d_router_weight_buffer")
@@ -73,11 +73,9 @@ def dispatch_mlp_swiglu_combine_bwd_bf16(
 ) -> _OUT:
     """BF16 backward (see the module docstring for the outputs)."""
     schedule = (schedule_peer_rank, schedule_peer_token_idx, num_tokens, tokens_per_expert)
-    _common(x, schedule, topk, swiglu_limit)
     routed = (w_routed_gate, w_routed_up, w_routed_down)
-    check_weights(
-        x, routed, (w_shared_gate, w_shared_up, w_shared_down), mxfp8=False, backward=True
-    )
+    shared_weights = (w_shared_gate, w_shared_up, w_shared_down)
+    check_pass(x, schedule, topk, swiglu_limit, routed, shared_weights, mxfp8=False, backward=True)
     return _backward(
         (d_y_buffer, router_weight_buffer),
         (d_x_routed_buffer, d_router_weight_buffer),
@@ -143,13 +141,13 @@ def dispatch_mlp_swiglu_combine_bwd_mxfp8(
 ) -> _OUT:
     """MXFP8 backward (see the module docstring for the outputs)."""
     schedule = (schedule_peer_rank, schedule_peer_token_idx, num_tokens, tokens_per_expert)
-    _common(x, schedule, topk, swiglu_limit)
     routed = (
         (w_routed_gate, w_routed_gate_sc, w_routed_gate_T, w_routed_gate_T_sc),
         (w_routed_up, w_routed_up_sc, w_routed_up_T, w_routed_up_T_sc),
         (w_routed_down_T, w_routed_down_T_sc),
     )
-    check_weights(x, routed, (w_shared_gate, w_shared_up, w_shared_down), mxfp8=True, backward=True)
+    shared_weights = (w_shared_gate, w_shared_up, w_shared_down)
+    check_pass(x, schedule, topk, swiglu_limit, routed, shared_weights, mxfp8=True, backward=True)
     saved = (
         (x_fp8_t_routed, x_sc_t_routed),
         (gate_fp8_routed, gate_sc_routed),

@@ -12,7 +12,7 @@ import torch
 
 from mok import _validate
 from mok._checks import check_tensor
-from mok._custom_op import custom_op
+from mok._custom_op import arguments_validated, custom_op
 from mok.backends import moe, select_engine
 
 Tensor = torch.Tensor
@@ -37,6 +37,15 @@ def check_weights(x, routed, shared, *, mxfp8: bool, backward: bool) -> None:
     else:
         _, inter = _validate.check_routed_bf16(routed, hidden, x.device)
     _validate.check_shared(shared, hidden, inter, x.device)
+
+
+def check_pass(x, schedule, topk, swiglu_limit, routed, shared, *, mxfp8: bool, backward: bool):
+    """A fused pass's argument checks; skipped where its caller has made them
+    (`_custom_op.validated()`: mok.functional checks the same arguments first)."""
+    if arguments_validated():
+        return
+    _common(x, schedule, topk, swiglu_limit)
+    check_weights(x, routed, shared, mxfp8=mxfp8, backward=backward)
 
 
 @custom_op("mok::dispatch_mlp_swiglu_combine_fwd_bf16", mutates_args=("combine_buffer",))
@@ -65,11 +74,9 @@ def dispatch_mlp_swiglu_combine_fwd_bf16(
     """BF16 forward. Outputs: x_routed, gate_shared, gate_routed, up_shared, up_routed,
     hidden_shared, hidden_routed, y_shared, y_routed (routed: bf16 [C, H] / [C, I])."""
     schedule = (schedule_peer_rank, schedule_peer_token_idx, num_tokens, tokens_per_expert)
-    _common(x, schedule, topk, swiglu_limit)
     routed = (w_routed_gate, w_routed_up, w_routed_down)
-    check_weights(
-        x, routed, (w_shared_gate, w_shared_up, w_shared_down), mxfp8=False, backward=False
-    )
+    shared_weights = (w_shared_gate, w_shared_up, w_shared_down)
+    check_pass(x, schedule, topk, swiglu_limit, routed, shared_weights, mxfp8=False, backward=False)
     shared = _shared(w_shared_gate, w_shared_up, w_shared_down)
     engine = select_engine(
         x.device, {"x_buffer": x, "combine_buffer": combine_buffer}, topk, group_name
@@ -157,15 +164,13 @@ def dispatch_mlp_swiglu_combine_fwd_mxfp8(
     gate_fp8_routed [C, I], gate_sc_routed, up_shared, up_fp8_routed, up_sc_routed,
     hidden_shared, hidden_fp8_t_routed [I, C], hidden_sc_t_routed, y_shared, y_routed."""
     schedule = (schedule_peer_rank, schedule_peer_token_idx, num_tokens, tokens_per_expert)
-    _common(x, schedule, topk, swiglu_limit)
     routed = (
         (w_routed_gate, w_routed_gate_sc),
         (w_routed_up, w_routed_up_sc),
         (w_routed_down, w_routed_down_sc),
     )
-    check_weights(
-        x, routed, (w_shared_gate, w_shared_up, w_shared_down), mxfp8=True, backward=False
-    )
+    shared_weights = (w_shared_gate, w_shared_up, w_shared_down)
+    check_pass(x, schedule, topk, swiglu_limit, routed, shared_weights, mxfp8=True, backward=False)
     shared = _shared(w_shared_gate, w_shared_up, w_shared_down)
     engine = select_engine(
         x.device, {"x_buffer": x, "combine_buffer": combine_buffer}, topk, group_name

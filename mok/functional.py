@@ -9,7 +9,7 @@ import torch
 from mok import _validate, ops
 from mok import status as device_status
 from mok._checks import check_tensor, check_type
-from mok._custom_op import direct
+from mok._custom_op import call_validated, direct
 from mok.config import MoKConfig
 from mok.schedule import MoKSchedule, build_schedule
 from mok.workspace import (
@@ -150,7 +150,7 @@ def forward(
     tail = _tail(config, ws, schedule, swiglu_limit, config.fwd_num_comm_sms)
     if mxfp8:
         weights = _interleave(shared, routed_gate_weights, routed_up_weights, routed_down_weights)
-        out = direct(ops.dispatch_mlp_swiglu_combine_fwd_mxfp8)(*head, *weights, *tail)
+        out = call_validated(ops.dispatch_mlp_swiglu_combine_fwd_mxfp8, *head, *weights, *tail)
         out = _absent_to_none(out, shared_gate_weights, (2, 5, 8, 11))
         ctx = MoKForwardContext(out[0:2], out[2], out[3:5], out[5], out[6:8], out[8], out[9:11])
         y_shared = out[11]
@@ -158,7 +158,7 @@ def forward(
         weights = _interleave(
             shared, (routed_gate_weights,), (routed_up_weights,), (routed_down_weights,)
         )
-        out = direct(ops.dispatch_mlp_swiglu_combine_fwd_bf16)(*head, *weights, *tail)
+        out = call_validated(ops.dispatch_mlp_swiglu_combine_fwd_bf16, *head, *weights, *tail)
         out = _absent_to_none(out, shared_gate_weights, (1, 3, 5, 7))
         ctx = MoKForwardContext(*out[:7])
         y_shared = out[7]
@@ -260,8 +260,16 @@ def backward(
             c.hidden_shared,
             *c.hidden_routed,
         )
-        out = direct(ops.dispatch_mlp_swiglu_combine_bwd_mxfp8)(
-            *head, *weights, *saved, ws.x_buffer, ws.x_buffer_ptrs, *gate[:2], *up[:2], *tail
+        out = call_validated(
+            ops.dispatch_mlp_swiglu_combine_bwd_mxfp8,
+            *head,
+            *weights,
+            *saved,
+            ws.x_buffer,
+            ws.x_buffer_ptrs,
+            *gate[:2],
+            *up[:2],
+            *tail,
         )
     else:
         weights = _interleave(
@@ -276,8 +284,14 @@ def backward(
             c.hidden_shared,
             c.hidden_routed,
         )
-        out = direct(ops.dispatch_mlp_swiglu_combine_bwd_bf16)(
-            *head, *weights, *saved, ws.x_buffer, ws.x_buffer_ptrs, *tail
+        out = call_validated(
+            ops.dispatch_mlp_swiglu_combine_bwd_bf16,
+            *head,
+            *weights,
+            *saved,
+            ws.x_buffer,
+            ws.x_buffer_ptrs,
+            *tail,
         )
     out = _absent_to_none(out, shared_gate_weights, (0, 2, 4, 6, 8, 10, 12))
     d_x = direct(ops.bwd_epilogue)(out[0], ws.d_x_routed_buffer, ws.topk)

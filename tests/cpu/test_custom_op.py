@@ -92,3 +92,29 @@ def test_build_schedule_routing_is_traceable_while_compiling(monkeypatch):
     ids = torch.zeros((2, 2), dtype=torch.int64)
     assert schedule._routing(ids, 4, torch.zeros(1, dtype=torch.int32)) == "torch ops"
     assert len(calls) == 1
+
+
+def test_fused_op_bodies_skip_only_the_checks_their_caller_made(monkeypatch):
+    """mok.functional calls the fused ops' bodies through `call_validated` after checking
+    every argument: inside, `check_pass` is a no-op; anywhere else it raises for bad input, and
+    under torch.compile the op itself is called."""
+    seen = []
+    op = ops.dispatch_mlp_swiglu_combine_fwd_bf16
+    monkeypatch.setitem(_custom_op._BODIES, op, lambda *a: seen.append(a) or _check_bad_x())
+    assert _custom_op.call_validated(op, 7) is None and seen == [(7,)]
+    assert not _custom_op.arguments_validated()  # only during the call
+    with pytest.raises(TypeError, match="`x` must be bf16"):
+        _check_bad_x()
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    traced = []
+    monkeypatch.setattr(ops, "dispatch_mlp_swiglu_combine_fwd_bf16", lambda *a: traced.append(a))
+    _custom_op.call_validated(ops.dispatch_mlp_swiglu_combine_fwd_bf16, 8)
+    assert traced == [(8,)] and seen == [(7,)]
+
+
+def _check_bad_x():
+    """check_pass on a float32 x: raises unless inside `validated()`."""
+    from mok._moe_ops import check_pass
+
+    bad = torch.zeros(2, 2)
+    return check_pass(bad, (), 2, None, (), (), mxfp8=False, backward=False)
