@@ -2,10 +2,11 @@
 
 A call through the torch dispatcher (autograd, ADInplaceOrView and the backend kernel, plus the
 aliasing check of the outputs) costs ~50 µs of host time on top of the op's own work. The eager
-functional API makes six such calls per step, all on the host's critical path before the GPU
-has its first large kernel, so outside `torch.compile` it calls the Python function behind each
-op directly: the same code, with the same argument checks. Under `torch.compile` it calls the
-op itself, which the compiler traces through its fake implementation.
+functional API makes six such calls per step (five at EP 1: no routing all-gather), all on the
+host's critical path before the GPU has its first large kernel, so outside `torch.compile` it
+calls the Python function behind each op directly: the same code (its argument checks too, but
+for those its caller has just made: below). Under `torch.compile` it calls the op itself, which
+the compiler traces through its fake implementation.
 
 The functional API checks every argument of a pass before it calls that pass's fused op, and
 the op body would check the same arguments again (~40-70 µs of host time a pass, also before
