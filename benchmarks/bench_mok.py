@@ -98,7 +98,7 @@ def run(
 
 
 def _outputs(out, grads) -> dict:
-    """The compared outputs: the forward's and backward's five gradients."""
+    """The compared outputs: the forward's output and the backward's five gradients."""
     names = ("d_x", "d_rw", "d_gate", "d_up", "d_down")
     return {"out": out, **dict(zip(names, grads[:5], strict=True))}
 

@@ -118,3 +118,24 @@ def _check_bad_x():
 
     bad = torch.zeros(2, 2)
     return check_pass(bad, (), 2, None, (), (), mxfp8=False, backward=False)
+
+
+def test_one_rank_schedules_without_the_all_gather(single_rank_group, monkeypatch):
+    """At EP 1 a rank's routing is the whole all-gather: build_schedule hands it to the
+    schedule without the copy, and the schedule is the one the all-gathered copy gives."""
+    config = F.MoKConfig()
+    ws = F.create_workspace(config, single_rank_group, device="cpu", num_local_tokens=TOKENS,
+                            hidden_size=HIDDEN, topk=TOPK)  # fmt: skip
+    top = torch.randint(0, EXPERTS, (TOKENS, TOPK), generator=torch.Generator().manual_seed(5))
+    gather, gathers = ops.all_gather_top_experts, []
+    body = _custom_op._BODIES[gather]
+    monkeypatch.setitem(_custom_op._BODIES, gather, lambda *a: gathers.append(a) or body(*a))
+    got = F.build_schedule(ws, config, top, num_local_experts=EXPERTS)
+    assert gathers == []
+    chunk = config.all_gather_top_experts_chunk_bytes
+    gather(top.int(), ws.all_gather_top_experts_buffer, 0, 0, chunk, ws.group_name)
+    rows = ws.schedule_rows(EXPERTS)
+    want = ops.schedule(ws.all_gather_top_experts_buffer, EXPERTS, rows, 0, ws.status)
+    for name, a, b in zip(("peer_rank", "peer_token_idx", "num_tokens", "tokens"), got.as_tuple(),
+                          want, strict=True):  # fmt: skip
+        assert torch.equal(a, b), name
