@@ -44,7 +44,7 @@ def timed_call(fn) -> tuple[object, float, float]:
     return result, host_ms, start.elapsed_time(end)
 
 
-def idle_gpu_ms(fn) -> tuple[float, float, float]:
+def gpu_timeline_ms(fn) -> tuple[float, float, float]:
     """(ms from the marker kernel enqueued just before fn to fn's first kernel, ms the GPU has
     no kernel of fn running between that first kernel and the last one's end, ms it has one:
     the pass's GPU time without host waits, which the profiler's own host cost inflates)."""
@@ -70,14 +70,15 @@ def idle_gpu_ms(fn) -> tuple[float, float, float]:
 
 
 def measure(step, calls: int) -> dict:
-    """Per pass: medians over `calls` calls of host ms, GPU ms, first-kernel delay and GPU idle."""
+    """Per pass: medians over `calls` calls of host ms, GPU ms, first-kernel delay, GPU idle and
+    busy ms."""
     fields: dict[str, list[float]] = {}
     for _ in range(calls):
         state, host, gpu = timed_call(step.forward)
         backward = functools.partial(step.backward, state)
         _, b_host, b_gpu = timed_call(backward)
-        fwd_idle, bwd_idle = idle_gpu_ms(step.forward), idle_gpu_ms(backward)
-        values = (host, gpu, *fwd_idle, b_host, b_gpu, *bwd_idle)
+        fwd_timeline, bwd_timeline = gpu_timeline_ms(step.forward), gpu_timeline_ms(backward)
+        values = (host, gpu, *fwd_timeline, b_host, b_gpu, *bwd_timeline)
         names = ("fwd_host", "fwd_gpu", "fwd_first_kernel", "fwd_idle", "fwd_busy",
                  "bwd_host", "bwd_gpu", "bwd_first_kernel", "bwd_idle", "bwd_busy")  # fmt: skip
         for name, value in zip(names, values, strict=True):
