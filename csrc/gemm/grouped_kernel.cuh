@@ -63,8 +63,9 @@ struct GroupedGemm {
   using BuiltMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA*, kAlignment,
       Element, LayoutB*, kAlignment, Accumulator, TileShape, ClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-          sizeof(typename Epilogue::SharedStorage))>,
+      std::conditional_t<kMxWeight, cutlass::gemm::collective::StageCount<kMxWeightStages>,
+                         cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+                             sizeof(typename Epilogue::SharedStorage))>>,
       cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
   using Mainloop = std::conditional_t<
       kPaired, PairedKMainloop<BuiltMainloop>,

@@ -6,7 +6,7 @@
 // The GEMM is computed transposed, D^T = W[e] @ X^T, so the weight is wgmma's A operand, which
 // Hopper can take from registers: each consumer thread loads its fragment's E4M3 pairs from
 // shared memory and converts them exactly to bf16 (E4M3 -> f16 -> fp32, times the block's
-// scale, rounded once: mok.mxfp8.dequantize's values) while the previous k tile's wgmmas run.
+// scale, rounded once: mok.mxfp8.dequantize's values) while the previous k tiles' wgmmas run.
 // X (bf16) stays the shared-memory B operand, loaded and multicast as Base does. The
 // conversion costs 10-15% of kind 0's rate (NOTES v12: about what the dequantization cost, and
 // the MXFP8 forward step 0.1-0.3 ms faster, without the 3 bf16 weight copies).
@@ -37,6 +37,14 @@ namespace mok::gemm::detail {
 constexpr int kMxWeightSets = 2;         // gate and up share a launch
 constexpr int kScaleTileBytes = 512;     // 128 rows x 4 K blocks, mxfp8_tile.cuh's layout
 constexpr int kScaleTileK = 128;         // K values one scale tile covers
+// wgmma batches (k tiles) left queued while the consumer converts the next tile. With one, the
+// tensor pipe was active 86.0-86.4% of the cycles at ncu's clock; with two (and a fifth stage)
+// 87.8% (benchmarks/NOTES.md v16).
+constexpr int kQueuedBatches = 2;
+// Pipeline stages: an E4M3 weight tile, its scale tile and a bf16 X tile take 40.5 KB, so five
+// fit where the builder's count for bf16 operands gives four. The consumers hold
+// kQueuedBatches + 1 of them, so the producer keeps two loads in flight.
+constexpr int kMxWeightStages = 5;
 
 template <class Base>
 struct MxWeightMainloop : CarriesGroup<Base> {
@@ -48,6 +56,7 @@ struct MxWeightMainloop : CarriesGroup<Base> {
   static constexpr int kTileK = cute::size<2>(TileShape{});
   static constexpr int kStages = Base::DispatchPolicy::Stages;
   static_assert(kTileM == 128 && kTileK == 64, "scale tiles are 128 rows; two k tiles each");
+  static_assert(kStages >= kQueuedBatches + 3, "two loads in flight beside the consumers'");
 
   // wgmma with A from registers: one 64-row slice of the tile per consumer warpgroup.
   using TiledMma = decltype(cute::make_tiled_mma(
@@ -164,8 +173,8 @@ struct MxWeightMainloop : CarriesGroup<Base> {
                     });
   }
 
-  // Consumer warpgroups: k tile t's wgmmas run while tile t + 1's weights are converted.
-  // Every stage read is released here, so mma_tail has nothing left to do.
+  // Consumer warpgroups: k tiles t - 1's and t's wgmmas run while tile t + 1's weights are
+  // converted. Every stage read is released here, so mma_tail has nothing left to do.
   template <class FrgTensorC>
   CUTLASS_DEVICE void mma(MainloopPipeline pipeline, PipelineState smem_pipe_read,
                           FrgTensorC& accum, int k_tile_count, int thread_idx,
@@ -184,6 +193,8 @@ struct MxWeightMainloop : CarriesGroup<Base> {
                                  make_layout(make_shape(Int<kTileM>{}, Int<kTileK>{})));
     Tensor frag0 = thread_mma.partition_fragment_A(a_shape);  // (MMA, 1, K blocks)
     Tensor frag1 = thread_mma.partition_fragment_A(a_shape);
+    Tensor frag2 = thread_mma.partition_fragment_A(a_shape);
+    static_assert(kQueuedBatches == 2, "three register buffers rotate below");
     Tensor coords = thread_mma.partition_A(make_identity_tensor(shape(a_shape)));
     const Converter converter = Converter::make(shared_tensors, coords);
 
@@ -191,17 +202,23 @@ struct MxWeightMainloop : CarriesGroup<Base> {
     PipelineState release = smem_pipe_read;
     pipeline.consumer_wait(smem_pipe_read);
     converter(smem_pipe_read.index(), 0, frag0);
-    for (int t = 0; t < k_tile_count; t += 2) {
+    for (int t = 0; t < k_tile_count; t += 3) {
       step(pipeline, smem_pipe_read, release, t, k_tile_count, tiled_mma, tCrB, frag0, frag1,
            accum, converter);
-      if (t + 1 < k_tile_count) {
-        step(pipeline, smem_pipe_read, release, t + 1, k_tile_count, tiled_mma, tCrB, frag1,
-             frag0, accum, converter);
-      }
+      if (t + 1 >= k_tile_count) break;
+      step(pipeline, smem_pipe_read, release, t + 1, k_tile_count, tiled_mma, tCrB, frag1,
+           frag2, accum, converter);
+      if (t + 2 >= k_tile_count) break;
+      step(pipeline, smem_pipe_read, release, t + 2, k_tile_count, tiled_mma, tCrB, frag2,
+           frag0, accum, converter);
     }
     warpgroup_wait<0>();
     warpgroup_fence_operand(accum);
-    pipeline.consumer_release(release);  // the last tile's stage
+    // The stages of the last tiles, which no step released.
+    for (int left = min(k_tile_count, kQueuedBatches); left > 0; --left) {
+      pipeline.consumer_release(release);
+      ++release;
+    }
   }
 
   CUTLASS_DEVICE void mma_tail(MainloopPipeline, PipelineState, int) {}
@@ -262,9 +279,9 @@ struct MxWeightMainloop : CarriesGroup<Base> {
     }
   };
 
-  // Issues tile t's wgmmas on `current`; with them in flight, waits for tile t - 1's (then its
-  // stage and `next`, its registers, are free) and converts tile t + 1 into `next`. One batch
-  // always stays queued, so the tensor cores do not wait for the conversions.
+  // Issues tile t's wgmmas on `current`; with them and tile t - 1's in flight, waits for tile
+  // t - 2's (then its stage and `next`, its registers, are free) and converts tile t + 1 into
+  // `next`. Two batches stay queued, so the tensor cores do not wait for the conversions.
   template <class TiledMmaT, class TensorB, class Fragment, class FrgTensorC, class Convert>
   CUTLASS_DEVICE static void step(MainloopPipeline& pipeline, PipelineState& state,
                                   PipelineState& release, int t, int k_tile_count,
@@ -281,10 +298,10 @@ struct MxWeightMainloop : CarriesGroup<Base> {
       tiled_mma.accumulate_ = GMMA::ScaleOut::One;
     }
     warpgroup_commit_batch();
-    warpgroup_wait<1>();
+    warpgroup_wait<kQueuedBatches>();
     warpgroup_fence_operand(accum);
     warpgroup_fence_operand(next);
-    if (t > 0) {
+    if (t >= kQueuedBatches) {
       pipeline.consumer_release(release);
       ++release;
     }
