@@ -7,9 +7,10 @@
 // Hopper can take from registers: each consumer thread loads its fragment's E4M3 pairs from
 // shared memory and converts them exactly to bf16 (E4M3 -> f16 -> fp32, times the block's
 // scale, rounded once: mok.mxfp8.dequantize's values) while the previous k tiles' wgmmas run.
-// X (bf16) stays the shared-memory B operand, loaded and multicast as Base does. The
-// conversion costs 10-15% of kind 0's rate (NOTES v12: about what the dequantization cost, and
-// the MXFP8 forward step 0.1-0.3 ms faster, without the 3 bf16 weight copies).
+// X (bf16) stays the shared-memory B operand, loaded and multicast as Base does. At ncu's fixed
+// clock kind 4 takes ~9% more cycles than kind 0 on the dequantized weights: ~7% the
+// conversion's arithmetic, ~2% the register-sourced wgmma and the pair loads (NOTES v16); the
+// dequantized copies it saves cost about as much (NOTES v12).
 //
 // Base is the bf16 mainloop CUTLASS's CollectiveBuilder makes for this transposed problem;
 // its pipeline, B tiles and per-group B descriptor are used as they are. Redefined: the shared
