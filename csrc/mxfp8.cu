@@ -28,6 +28,7 @@ enum Layout : int {
   kRounded = 2,      // bf16 values of the normal layout
   kTransposed = 4,   // E4M3 data + scales of the transpose, blocks along the column
   kRoundedRows = 8,  // bf16 values of the transposed layout, in x's layout
+  kRebased = 16,     // with kRounded (GatherSource): f16 rebased per row, and row exponents
 };
 
 struct Params {
@@ -38,7 +39,8 @@ struct Params {
   bool has_limit;
   float limit;
   Pair normal;        // the result's normal layout
-  uint16_t* rounded;       // bf16 values of the normal layout
+  uint16_t* rounded;       // bf16 values of the normal layout (kRebased: f16 rebased)
+  uint8_t* row_exponents;  // kRebased: each row's exponent byte R (0 on padding rows)
   uint16_t* rounded_rows;  // bf16 values of the transposed layout, [experts, rows, cols]
   Pair transposed;
   Pair gate_q;  // SwigluSource: gate and up, normal layout
@@ -97,11 +99,15 @@ struct LoadSource : RegisterRows {
 // kernel.
 struct GatherSource : RegisterRows {
   static constexpr bool kInTurns = true;
+  uint32_t exponent[kPasses];  // kRebased: each pass's row's exponent byte (0: padding)
 
   __device__ GatherSource(const Params& p, const Tile& t, int row0, int chunk) {
 #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
-      const uint16_t* row = source_row(p, t.m0 + pass * kRowsPerPass + row0);
+      const int64_t source = source_index(p, t.m0 + pass * kRowsPerPass + row0);
+      const bool rebased = p.gather.src_exponents != nullptr;
+      exponent[pass] = rebased && source >= 0 ? p.gather.src_exponents[source] : 0u;
+      const uint16_t* row = source_row(p, t.m0 + pass * kRowsPerPass + row0, source);
       if (row == nullptr) {
 #pragma unroll
         for (int i = 0; i < kWordsPerChunk; ++i) w[pass][i] = 0u;
@@ -117,13 +123,19 @@ struct GatherSource : RegisterRows {
   }
 
  private:
-  __device__ static const uint16_t* source_row(const Params& p, int64_t row) {
+  // Routed row `row`'s source row on its rank, -1 for none.
+  __device__ static int64_t source_index(const Params& p, int64_t row) {
     const GatherArgs& g = p.gather;
     const int rank = g.peer_rank[row];
     const int32_t index = g.peer_token_idx[row];
-    if (rank < 0 || rank >= g.ep || index < 0 || index / g.divisor >= g.src_rows) return nullptr;
-    const auto* base = reinterpret_cast<const uint16_t*>(g.src_table[rank]);
-    return base + static_cast<int64_t>(index / g.divisor) * p.cols;
+    if (rank < 0 || rank >= g.ep || index < 0 || index / g.divisor >= g.src_rows) return -1;
+    return index / g.divisor;
+  }
+
+  __device__ static const uint16_t* source_row(const Params& p, int64_t row, int64_t source) {
+    if (source < 0) return nullptr;
+    const uint64_t base = p.gather.src_table[p.gather.peer_rank[row]];
+    return reinterpret_cast<const uint16_t*>(base) + source * p.cols;
   }
 };
 
@@ -195,6 +207,9 @@ __device__ __forceinline__ void quantize_tile(const Params& p, const Tile& t) {
   constexpr bool kRoundedOut = kLayouts & kRounded;
   constexpr bool kTransposedOut = kLayouts & kTransposed;
   constexpr bool kRoundedRowsOut = kLayouts & kRoundedRows;
+  constexpr bool kRebasedOut = kLayouts & kRebased;
+  static_assert(!kRebasedOut || (kRoundedOut && std::is_same_v<Source, GatherSource>),
+                "rebased rows are the gathering source's rounded values");
   constexpr bool kColumns = kTransposedOut || kRoundedRowsOut;  // needs the column blocks
   static_assert(!kRoundedRowsOut || std::is_same_v<Source, LoadSource>,
                 "rounded rows re-read the source's chunks: LoadSource only");
@@ -223,7 +238,15 @@ __device__ __forceinline__ void quantize_tile(const Params& p, const Tile& t) {
       const BlockScale scale = row_chunk_scale(w);
       const int64_t offset = chunk_offset(p, t, row, chunk);
       if constexpr (kNormalOut) store_row_chunk(p.normal, offset, row, chunk, w, scale.e, s_scale);
-      if constexpr (kRoundedOut) store_rounded_chunk(p.rounded + offset, w, scale);
+      if constexpr (kRebasedOut) {
+        const uint32_t exponent = source.exponent[pass];
+        // 2^(127 - R) with R <= 254 - 15 (a bf16 row's largest is under 2^128): a normal fp32.
+        const float rebase = __uint_as_float((254u - exponent) << 23);
+        store_rounded_chunk<true>(p.rounded + offset, w, scale, rebase);
+        if (chunk == 0) p.row_exponents[t.m0 + row] = static_cast<uint8_t>(exponent);
+      } else if constexpr (kRoundedOut) {
+        store_rounded_chunk(p.rounded + offset, w, scale);
+      }
     }
   }
   __syncthreads();
@@ -349,10 +372,14 @@ cudaError_t launch_gather_round(const QuantizeArgs& args, const GatherArgs& gath
   detail::Params p = detail::tiled(1, args.rows, args.cols);
   p.gather = gather;
   p.rounded = static_cast<uint16_t*>(args.rounded);
+  p.row_exponents = static_cast<uint8_t*>(args.row_exponents);
   p.transposed = detail::pair(args.out_t, args.scale_t);
   p.used_rows = args.used_rows;
   if (p.tiles == 0) return cudaSuccess;
-  using detail::GatherSource, detail::kRounded, detail::kTransposed;
+  using detail::GatherSource, detail::kRebased, detail::kRounded, detail::kTransposed;
+  if (gather.src_exponents != nullptr) {
+    return detail::launch<GatherSource, kRounded | kRebased | kTransposed>(p, stream, ctas);
+  }
   return detail::launch<GatherSource, kRounded | kTransposed>(p, stream, ctas);
 }
 

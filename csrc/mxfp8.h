@@ -26,6 +26,7 @@ struct QuantizeArgs {
   void* scale_t = nullptr;
   void* rounded = nullptr;
   void* rounded_rows = nullptr;  // bf16 [experts, rows, cols]: the transposed layout's values
+  void* row_exponents = nullptr;  // launch_gather_round with src_exponents: uint8 [rows]
   const int32_t* used_rows = nullptr;
   int64_t experts = 0;
   int64_t rows = 0;
@@ -45,6 +46,10 @@ struct GatherArgs {
   int64_t src_rows = 0;
   int divisor = 1;
   int ep = 1;
+  // Non-null (EP 1: the local source's rows): uint8 [src_rows] exponent bytes R. The rounded
+  // values are then written as f16 times 2^(127 - R) of their source row (kind 6's rebased
+  // rows) and each row's R in QuantizeArgs::row_exponents (0 on padding rows).
+  const uint8_t* src_exponents = nullptr;
 };
 
 // The MXFP8 forward's dispatch in one pass: gathers args.rows x args.cols routed rows as
@@ -96,5 +101,32 @@ struct DequantizeArgs {
 };
 
 cudaError_t launch_dequantize(const DequantizeArgs& args, cudaStream_t stream);
+
+// An MXFP8 weight's operands for the f16 GEMM (kLinearMxWeightF16) from its scale tiles
+// `scale` uint8 [rows/128, cols/128, 32, 16]: `row_exponents` uint8 [rows], each row's
+// largest scale byte (255, NaN, left out) minus 7, at least 0; `factors` f16 in the scale
+// tiles' layout, 2^(E - R) for scale byte E of a row with exponent R (0 below 2^-24, NaN for
+// 255). rows and cols are multiples of 128.
+struct RebaseWeightArgs {
+  const void* scale = nullptr;
+  void* factors = nullptr;
+  void* row_exponents = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+cudaError_t launch_rebase_weight(const RebaseWeightArgs& args, cudaStream_t stream);
+
+// The exponent byte R of each row of bf16 x [rows, cols] (cols a multiple of 8): the biased
+// exponent of the row's largest magnitude minus 15, at least 0, so that x * 2^(127 - R) puts it
+// in [2^15, 2^16) (kind 6's rebased rows; launch_gather_round's src_exponents).
+struct RowExponentsArgs {
+  const void* x = nullptr;
+  void* out = nullptr;  // uint8 [rows]
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+cudaError_t launch_row_exponents(const RowExponentsArgs& args, cudaStream_t stream);
 
 }  // namespace mok::mxfp8

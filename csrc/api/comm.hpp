@@ -130,11 +130,14 @@ inline void comm_pull_rows(uintptr_t src_table, uintptr_t out, uintptr_t peer_ra
 
 // The MXFP8 forward's dispatch: pull_rows of a bf16 [src_rows, cols] source and the rounding of
 // the pulled rows (mxfp8_quantize's `rounded` and transposed outputs) in one pass, without
-// storing the pulled rows. Tiles at or past num_tokens write nothing.
+// storing the pulled rows. Tiles at or past num_tokens write nothing. With `src_exponents`
+// (EP 1: uint8 [src_rows]), `rounded` is f16 rebased per row and `row_exponents` uint8 [rows]
+// gets each row's exponent byte (kind 6's operand).
 inline void comm_pull_round(uintptr_t src_table, uintptr_t peer_rank, uintptr_t peer_token_idx,
                             uintptr_t num_tokens, int64_t rows, int64_t cols, int64_t src_rows,
                             int divisor, int ep, uintptr_t rounded, uintptr_t out_t,
-                            uintptr_t scale_t, int ctas, uintptr_t stream) {
+                            uintptr_t scale_t, int ctas, uintptr_t stream,
+                            uintptr_t src_exponents, uintptr_t row_exponents) {
   namespace c = comm_checks;
   c::group_size(ep);
   c::address("src_table", src_table, 8);
@@ -151,7 +154,13 @@ inline void comm_pull_round(uintptr_t src_table, uintptr_t peer_rank, uintptr_t 
   c::address("rounded", rounded, 16);
   c::address("out_t", out_t, 16);
   c::address("scale_t", scale_t, 16);
+  c::require((src_exponents == 0) == (row_exponents == 0),
+             "`src_exponents` and `row_exponents` must both be given or both be 0");
+  c::require(src_exponents == 0 || ep == 1,
+             "rebased rows (`src_exponents`) need the local source (ep 1), got ep=" +
+                 std::to_string(ep));
   mxfp8::QuantizeArgs args;
+  args.row_exponents = reinterpret_cast<void*>(row_exponents);
   args.rounded = reinterpret_cast<void*>(rounded);
   args.out_t = reinterpret_cast<void*>(out_t);
   args.scale_t = reinterpret_cast<void*>(scale_t);
@@ -165,6 +174,7 @@ inline void comm_pull_round(uintptr_t src_table, uintptr_t peer_rank, uintptr_t 
   gather.src_rows = src_rows;
   gather.divisor = divisor;
   gather.ep = ep;
+  gather.src_exponents = reinterpret_cast<const uint8_t*>(src_exponents);
   check_cuda(mxfp8::launch_gather_round(args, gather, ctas, c::stream_of(stream)),
              "pull_round kernel launch");
 }
@@ -236,10 +246,12 @@ inline void bind_comm(pybind11::module_& m) {
         py::arg("peer_token_idx"), py::arg("num_tokens"), py::arg("rows"), py::arg("cols"),
         py::arg("src_rows"), py::arg("divisor"), py::arg("ep"), py::arg("rounded"),
         py::arg("out_t"), py::arg("scale_t"), py::arg("ctas"), py::arg("stream"),
+        py::arg("src_exponents") = 0, py::arg("row_exponents") = 0,
         "comm_pull_rows of bf16 rows [rows, cols] and mxfp8_quantize's rounded values and "
         "transposed pair of the pulled rows in one pass (the pulled rows are not stored); "
         "128-row tiles at or past num_tokens write nothing; ctas 0: one CTA per tile (no "
-        "barrier).");
+        "barrier). With src_exponents (ep 1, uint8 [src_rows]): rounded is f16, each row times "
+        "2^(127 - R) of its source row's byte R, and row_exponents (uint8 [rows]) gets R.");
   m.def("comm_push_rows", &comm_push_rows, py::arg("rows_data"), py::arg("dst_table"),
         py::arg("peer_rank"), py::arg("peer_token_idx"), py::arg("num_tokens"), py::arg("rows"),
         py::arg("row_bytes"), py::arg("dst_rows"), py::arg("ep"), py::arg("ctas"),

@@ -71,13 +71,14 @@ inline int64_t grouped_gemm_scratch_bytes(int kind, int groups, int sm_count) {
   return static_cast<int64_t>(gemm::scratch_bytes(static_cast<gemm::Kind>(kind), groups, sm_count));
 }
 
-// Kind 4 reads each set's B as MXFP8: its scale tiles' address, and whole 128 x 128 tiles.
+// Kinds 4 and 6 read each set's B as MXFP8: its scale tiles' address, and whole 128 x 128 tiles.
 inline void mx_weight_operands(gemm::GroupedArgs& args, uintptr_t b_scale, uintptr_t b2_scale) {
   namespace check = gemm_checks;
-  const bool mx = args.kind == gemm::Kind::kLinearMxWeight;
+  const bool mx = args.kind == gemm::Kind::kLinearMxWeight ||
+                  args.kind == gemm::Kind::kLinearMxWeightF16;
   if (!mx) {
     check::require(b_scale == 0 && b2_scale == 0,
-                   "`b_scale` and `b2_scale` must be 0 except for kind 4");
+                   "`b_scale` and `b2_scale` must be 0 except for kinds 4 and 6");
     return;
   }
   check::address("b_scale", b_scale);
@@ -89,8 +90,33 @@ inline void mx_weight_operands(gemm::GroupedArgs& args, uintptr_t b_scale, uintp
     check::require(b2_scale == 0, "`b2_scale` must be 0 without a second set");
   }
   check::require(args.n % 128 == 0 && args.k % 128 == 0,
-                 "kind 4 needs `n` and `k` multiples of 128 (whole MXFP8 scale tiles), got n=" +
+                 "kinds 4 and 6 need `n` and `k` multiples of 128 (whole MXFP8 scale tiles), "
+                 "got n=" +
                      std::to_string(args.n) + ", k=" + std::to_string(args.k));
+}
+
+// Kind 6 reads one exponent byte per row of A (shared by both sets) and per row of each B.
+inline void exponent_operands(gemm::GroupedArgs& args, uintptr_t a_exponent,
+                              uintptr_t b_exponent, uintptr_t b2_exponent) {
+  namespace check = gemm_checks;
+  if (args.kind != gemm::Kind::kLinearMxWeightF16) {
+    check::require(a_exponent == 0 && b_exponent == 0 && b2_exponent == 0,
+                   "`a_exponent`, `b_exponent` and `b2_exponent` are for kind 6 only (must be 0)");
+    return;
+  }
+  check::address("a_exponent", a_exponent);
+  check::address("b_exponent", b_exponent);
+  args.sets[0].a_exponent = reinterpret_cast<const void*>(a_exponent);
+  args.sets[0].b_exponent = reinterpret_cast<const void*>(b_exponent);
+  if (args.num_sets == 2) {
+    check::require(args.sets[1].a == args.sets[0].a,
+                   "kind 6's second set reads the same rows (`a2` = `a`): they share `a_exponent`");
+    check::address("b2_exponent", b2_exponent);
+    args.sets[1].a_exponent = args.sets[0].a_exponent;
+    args.sets[1].b_exponent = reinterpret_cast<const void*>(b2_exponent);
+  } else {
+    check::require(b2_exponent == 0, "`b2_exponent` must be 0 without a second set");
+  }
 }
 
 // Kind 5 writes gate (d), up (d2) and hidden from one activation with SwiGLU's clamp.
@@ -119,7 +145,8 @@ inline void grouped_gemm(int kind, uintptr_t a, uintptr_t b, uintptr_t d, uintpt
                          int experts, int64_t n, int64_t k, int64_t total_rows, int sm_count,
                          uintptr_t scratch, int64_t scratch_bytes, uintptr_t stream,
                          uintptr_t b_scale, uintptr_t b2_scale, uintptr_t hidden,
-                         bool has_limit, float limit) {
+                         bool has_limit, float limit, uintptr_t a_exponent,
+                         uintptr_t b_exponent, uintptr_t b2_exponent) {
   namespace check = gemm_checks;
   require_grouped_gemm();
   gemm::GroupedArgs args;
@@ -151,6 +178,7 @@ inline void grouped_gemm(int kind, uintptr_t a, uintptr_t b, uintptr_t d, uintpt
   args.n = n;
   args.k = k;
   mx_weight_operands(args, b_scale, b2_scale);
+  exponent_operands(args, a_exponent, b_exponent, b2_exponent);
   swiglu_operands(args, hidden, has_limit, limit);
   check::require(total_rows >= 0,
                  "`total_rows` must be non-negative, got " + std::to_string(total_rows));
@@ -181,6 +209,7 @@ inline void bind_gemm(pybind11::module_& m) {
         py::arg("total_rows"), py::arg("sm_count"), py::arg("scratch"), py::arg("scratch_bytes"),
         py::arg("stream"), py::arg("b_scale") = 0, py::arg("b2_scale") = 0,
         py::arg("hidden") = 0, py::arg("has_limit") = false, py::arg("limit") = 0.0f,
+        py::arg("a_exponent") = 0, py::arg("b_exponent") = 0, py::arg("b2_exponent") = 0,
         R"doc(Grouped GEMM over the schedule's expert segments on `stream` (asynchronous).
 
 `rows` int32 [experts]: padded rows per expert (device). Segment e starts at sum(rows[:e]).
@@ -195,7 +224,11 @@ kind 4: kind 0 with b (and b2) MXFP8 weights: float8_e4m3fn [E, n, k] bytes and 
 kind 5: kind 0's gate (a, b, d) and up (a2 = a, b2, d2) in one launch, plus `hidden` bf16
 [R, n] = silu(min(gate, L)) * clamp(up, -L, L) of the stored bf16 gate and up (L = `limit` if
 `has_limit`); n a multiple of 128
-kinds 0-2, 4 and 5 also zero their outputs' rows from sum(rows) to total_rows (0 = leave them).
+kind 6: kind 4 with a float16 [R, k] rebased per row, `a_exponent` uint8 [R + 272] its rows'
+exponents (row r's values are a[r] * 2^(a_exponent[r] - 127); 272 bytes of padding), `b_scale`
+(`b2_scale`) the weights' f16 factor tiles (2^(scale byte - weight row exponent), the scale
+tiles' layout) and `b_exponent` (`b2_exponent`) uint8 [E * n] the weight rows' exponents
+kinds 0-2 and 4-6 also zero their outputs' rows from sum(rows) to total_rows (0 = leave them).
 A second operand set (a2, b2, d2; all 0 if unused) runs in the same launch. n and k must be
 multiples of 8 and every address 16-byte aligned.)doc");
 }

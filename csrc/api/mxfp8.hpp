@@ -148,6 +148,38 @@ inline void mxfp8_dequantize(uintptr_t data, uintptr_t scale, uintptr_t out, int
              "mxfp8_dequantize kernel launch");
 }
 
+inline void mxfp8_rebase_weight(uintptr_t scale, uintptr_t factors, uintptr_t row_exponents,
+                                int64_t rows, int64_t cols, uintptr_t stream) {
+  checks::address("scale", scale, 16);
+  checks::address("factors", factors, 16);
+  checks::address("row_exponents", row_exponents, 16);
+  check_extent("rows", rows, mxfp8::kTile);
+  check_extent("cols", cols, mxfp8::kTile);
+  mxfp8::RebaseWeightArgs args;
+  args.scale = reinterpret_cast<const void*>(scale);
+  args.factors = reinterpret_cast<void*>(factors);
+  args.row_exponents = reinterpret_cast<void*>(row_exponents);
+  args.rows = rows;
+  args.cols = cols;
+  check_cuda(mxfp8::launch_rebase_weight(args, reinterpret_cast<cudaStream_t>(stream)),
+             "mxfp8_rebase_weight kernel launch");
+}
+
+inline void mxfp8_row_exponents(uintptr_t x, uintptr_t out, int64_t rows, int64_t cols,
+                                uintptr_t stream) {
+  checks::address("x", x, 16);
+  checks::address("out", out, 1);
+  require(rows >= 0, "`rows` must be non-negative, got " + std::to_string(rows));
+  check_extent("cols", cols, 8);
+  mxfp8::RowExponentsArgs args;
+  args.x = reinterpret_cast<const void*>(x);
+  args.out = reinterpret_cast<void*>(out);
+  args.rows = rows;
+  args.cols = cols;
+  check_cuda(mxfp8::launch_row_exponents(args, reinterpret_cast<cudaStream_t>(stream)),
+             "mxfp8_row_exponents kernel launch");
+}
+
 inline void bind_mxfp8(py::module_& m) {
   m.def("mxfp8_quantize", &mxfp8_quantize, py::arg("x"), py::arg("out"), py::arg("scale"),
         py::arg("out_t"), py::arg("scale_t"), py::arg("rounded"), py::arg("rounded_rows"),
@@ -180,6 +212,18 @@ followed by mxfp8_quantize. rows and inter multiples of 128, addresses 16-byte a
 data fp8 [rows, cols] (blocks of 32 along cols), scale uint8 [rows/128, cols/128, 32, 16]
 swizzled, out bf16 [rows, cols]; rows and cols multiples of 128, addresses 16-byte aligned.
 transposed: data is [experts, rows/experts, cols] and out [experts, cols, rows/experts].)doc");
+  m.def("mxfp8_rebase_weight", &mxfp8_rebase_weight, py::arg("scale"), py::arg("factors"),
+        py::arg("row_exponents"), py::arg("rows"), py::arg("cols"), py::arg("stream"),
+        R"doc(An MXFP8 weight's operands for the f16 GEMM (kind 6) on `stream`: from its scale
+tiles `scale` uint8 [rows/128, cols/128, 32, 16], `row_exponents` uint8 [rows] (each row's
+largest scale byte other than 255, minus 7, at least 0) and `factors` f16 in the scale tiles'
+layout (2^(E - R), 0 below 2^-24, NaN for E = 255). rows and cols multiples of 128, addresses
+16-byte aligned.)doc");
+  m.def("mxfp8_row_exponents", &mxfp8_row_exponents, py::arg("x"), py::arg("out"),
+        py::arg("rows"), py::arg("cols"), py::arg("stream"),
+        R"doc(Each row's exponent byte for the f16 GEMM (kind 6) on `stream`: x bf16 [rows, cols]
+(cols a multiple of 8, 16-byte aligned), out uint8 [rows] = max(biased exponent of the row's
+largest |x| - 15, 0).)doc");
 }
 
 }  // namespace mok::api

@@ -62,6 +62,13 @@ __device__ __forceinline__ float scale_value(uint32_t byte) {
   return byte > 0 ? __uint_as_float(byte << 23) : __uint_as_float(0x00400000u);
 }
 
+// 2^(byte - 127) for bytes 0..254 (0 the subnormal 2^-127) without scale_value's NaN test:
+// kind 6's rescale multiplies every accumulator by two of these, and a branch per accumulator
+// cost several thousand cycles a tile (benchmarks/NOTES.md v17).
+__device__ __forceinline__ float exponent_value(uint32_t byte) {
+  return __uint_as_float(byte != 0u ? byte << 23 : 0x00400000u);
+}
+
 // The low / high bf16 of a packed pair as fp32 (exact: bf16 is the top half of an fp32).
 __device__ __forceinline__ float bf16_lo(uint32_t word) { return __uint_as_float(word << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t word) {

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include <cstdint>
@@ -145,16 +146,26 @@ __device__ __forceinline__ void store_packed16(uint16_t* dst,
   store16(dst + 8, make_uint4(packed[4], packed[5], packed[6], packed[7]));
 }
 
-// Stores the values a GEMM reads for a row chunk quantized (along the row) with `scale`.
+// Stores the values a GEMM reads for a row chunk quantized (along the row) with `scale`: bf16,
+// or (kF16) f16 times `rebase` = 2^(127 - R) for the row's exponent byte R, kind 6's operand
+// (exact while the value stays within f16's range: R puts the row's largest under 2^16).
+template <bool kF16 = false>
 __device__ __forceinline__ void store_rounded_chunk(uint16_t* dst,
                                                     const uint32_t (&w)[kWordsPerChunk],
-                                                    BlockScale scale) {
+                                                    BlockScale scale, float rebase = 1.0f) {
+  const auto pack = [rebase](float first, float second, bool exact_bf16) {
+    if constexpr (kF16) {
+      const __half2 pair = __floats2half2_rn(first * rebase, second * rebase);
+      return *reinterpret_cast<const uint32_t*>(&pair);
+    }
+    return exact_bf16 ? pack_exact_bf16x2(first, second) : pack_bf16x2(first, second);
+  };
   uint32_t packed[kWordsPerChunk];
   if (scale.floor_bits != 0) {
 #pragma unroll
     for (int j = 0; j < kWordsPerChunk; ++j) {
-      packed[j] = pack_exact_bf16x2(rounded_value_fast(bf16_lo(w[j]), scale.floor_bits),
-                                    rounded_value_fast(bf16_hi(w[j]), scale.floor_bits));
+      packed[j] = pack(rounded_value_fast(bf16_lo(w[j]), scale.floor_bits),
+                       rounded_value_fast(bf16_hi(w[j]), scale.floor_bits), true);
     }
   } else {
     const float inv = inverse_scale(scale.e);
@@ -163,8 +174,8 @@ __device__ __forceinline__ void store_rounded_chunk(uint16_t* dst,
     // this pass 1.5x slower (1x H200, 27648x7168: 0.364 against 0.237 ms).
 #pragma unroll
     for (int j = 0; j < kWordsPerChunk; ++j) {
-      packed[j] = pack_bf16x2(rounded_value(bf16_lo(w[j]), inv, value),
-                              rounded_value(bf16_hi(w[j]), inv, value));
+      packed[j] = pack(rounded_value(bf16_lo(w[j]), inv, value),
+                       rounded_value(bf16_hi(w[j]), inv, value), false);
     }
   }
   store_packed16(dst, packed);

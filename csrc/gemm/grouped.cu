@@ -33,6 +33,7 @@ constexpr KindEntry kEntries[kKinds] = {
     entry<Kind::kWeightGrad>(),
     entry<Kind::kLinearMxWeight>(),
     entry<Kind::kLinearSwiGLU>(),
+    entry<Kind::kLinearMxWeightF16>(),
 };
 
 }  // namespace dispatch

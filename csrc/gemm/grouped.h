@@ -33,9 +33,17 @@ enum class Kind : int {
   // sets[1] = (A, W_up, up), both W bf16 [E, N, K], and `hidden` = swiglu(gate, up), each bf16
   // [rows, N] from one tile. N must be a multiple of 128.
   kLinearSwiGLU = 5,
+  // kLinearMxWeight on f16 operands, each rebased per row so that f16 holds it: A f16 [rows, K]
+  // with one byte R_a per row (`a_exponent`, [rows] and 272 readable bytes past them) is
+  // x / 2^(R_a - 127); the E4M3 weight is converted per K block to e4m3 * 2^(E - R_b), the f16
+  // factors 2^(E - R_b) given in `b_scale` in the scale tiles' layout (2 bytes an entry), with
+  // one byte R_b per weight row (`b_exponent`, [E * N]); the fp32 sums are multiplied by
+  // 2^(R_b - 127) * 2^(R_a - 127) before the epilogue. Converting E4M3 to f16 takes two
+  // instructions a pair, to bf16 six (NOTES v15).
+  kLinearMxWeightF16 = 6,
 };
 
-constexpr int kKinds = 6;
+constexpr int kKinds = 7;
 constexpr int kMaxSets = 2;
 constexpr int kTileK = 64;  // the K depth of every kind's tiles
 
@@ -43,7 +51,9 @@ struct OperandSet {
   const void* a = nullptr;
   const void* b = nullptr;
   void* d = nullptr;  // null for kLinearTransposedPair's second set
-  const void* b_scale = nullptr;  // kLinearMxWeight: B's E8M0 scale tiles
+  const void* b_scale = nullptr;  // kLinearMxWeight*: B's E8M0 scale tiles
+  const void* a_exponent = nullptr;  // kLinearMxWeightF16: uint8 per row of A
+  const void* b_exponent = nullptr;  // kLinearMxWeightF16: uint8 per row of B (E * N)
 };
 
 struct GroupedArgs {

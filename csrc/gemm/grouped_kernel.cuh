@@ -38,10 +38,11 @@ template <Kind kKind, class LayoutA, class LayoutB, class ElementD,
 struct GroupedGemm {
   static constexpr Kind kind = kKind;
   static constexpr bool kPaired = kKind == Kind::kLinearTransposedPair;
-  static constexpr bool kMxWeight = kKind == Kind::kLinearMxWeight;
+  static constexpr bool kMxWeightF16 = kKind == Kind::kLinearMxWeightF16;
+  static constexpr bool kMxWeight = kKind == Kind::kLinearMxWeight || kMxWeightF16;
   static constexpr bool kSwiglu = kKind == Kind::kLinearSwiGLU;
   using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
-  using Element = cutlass::bfloat16_t;
+  using Element = std::conditional_t<kMxWeightF16, cutlass::half_t, cutlass::bfloat16_t>;
   using ElementC = void;
   using Accumulator = float;
   using TileShape = cute::Shape<cute::_128, cute::_256, cute::Int<kTileK>>;
@@ -69,7 +70,7 @@ struct GroupedGemm {
       cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
   using Mainloop = std::conditional_t<
       kPaired, PairedKMainloop<BuiltMainloop>,
-      std::conditional_t<kMxWeight, MxWeightMainloop<BuiltMainloop>,
+      std::conditional_t<kMxWeight, MxWeightMainloop<BuiltMainloop, kMxWeightF16>,
                          std::conditional_t<kSwiglu, GateUpMainloop<BuiltMainloop>,
                                             BuiltMainloop>>>;
 
@@ -130,7 +131,11 @@ struct GroupedGemm {
               {args.sets[0].b_scale, args.sets[1].b_scale},
               static_cast<int>(args.n),
               static_cast<int>(args.k),
-              args.experts};
+              args.experts,
+              {args.sets[0].b_exponent, args.sets[1].b_exponent},
+              {args.sets[0].a_exponent, args.sets[1].a_exponent},
+              tables.row0,
+              tables.a_shift};
     } else {
       return {tables.a, tables.stride_a, tables.b, tables.stride_b};
     }

@@ -19,10 +19,6 @@
 // no A descriptor update; scales by bulk copy), and the consumer's loop.
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
-
 #include <cstdint>
 #include <type_traits>
 
@@ -30,6 +26,7 @@
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/gemm/dispatch_policy.hpp"
+#include "gemm/mx_weight_convert.cuh"
 #include "gemm/producer_loads.cuh"
 #include "gemm/tables.cuh"
 
@@ -47,13 +44,27 @@ constexpr int kQueuedBatches = 2;
 // kQueuedBatches + 1 of them, so the producer keeps two loads in flight.
 constexpr int kMxWeightStages = 5;
 
-template <class Base>
+// kF16 (grouped.h's kLinearMxWeightF16): f16 operands rebased per row, so the conversion is
+// E4M3 -> f16 and one f16x2 multiply by the block's f16 factor 2^(E - R_b), read from factor
+// tiles made once per weight (the scale tiles' layout, 2 bytes an entry), and the sums are
+// rescaled before the epilogue by the two rows' exponents, copied with the last k tile.
+template <class Base, bool kF16 = false>
 struct MxWeightMainloop : CarriesGroup<Base> {
   using typename Base::MainloopPipeline;
   using typename Base::PipelineState;
   using typename Base::TileShape;
-  using Element = cutlass::bfloat16_t;
+  using Element = std::conditional_t<kF16, cutlass::half_t, cutlass::bfloat16_t>;
   static constexpr int kTileM = cute::size<0>(TileShape{});
+  static constexpr int kTileN = cute::size<1>(TileShape{});
+  // Bytes of one scale tile in shared memory: E8M0 bytes, or (kF16) f16 factors.
+  static constexpr int kScaleBytes = kF16 ? 2 * kScaleTileBytes : kScaleTileBytes;
+  // Per stage (kF16): the tile's kTileM weight-row exponents; the group's 16-byte record (its
+  // first A row mod 16); the 16-byte aligned window of A-row exponents that holds the tile's
+  // kTileN (a group may start at any row, and bulk copies move aligned 16-byte units).
+  static constexpr int kRecordAt = kTileM;
+  static constexpr int kWindowAt = kTileM + 16;
+  static constexpr int kWindowBytes = kTileN + 16;
+  static constexpr int kExponentBytes = kF16 ? kWindowAt + kWindowBytes : 0;
   static constexpr int kTileK = cute::size<2>(TileShape{});
   static constexpr int kStages = Base::DispatchPolicy::Stages;
   static_assert(kTileM == 128 && kTileK == 64, "scale tiles are 128 rows; two k tiles each");
@@ -79,16 +90,23 @@ struct MxWeightMainloop : CarriesGroup<Base> {
   struct TensorStorage : cute::aligned_struct<128, cute::_0> {
     cute::array_aligned<uint8_t, cute::cosize_v<SmemLayoutW>> smem_W;
     cute::array_aligned<Element, cute::cosize_v<typename Base::SmemLayoutB>> smem_B;
-    cute::array_aligned<uint8_t, kScaleTileBytes * kStages> smem_scale;
+    cute::array_aligned<uint8_t, kScaleBytes * kStages> smem_scale;
+    cute::array_aligned<uint8_t, kF16 ? kExponentBytes * kStages : 16> smem_exponent;
   };
+
+  using Converter = MxWeightConverter<TensorStorage, kTileM * kTileK, kScaleBytes, kF16>;
 
   // {base (ptr_A: any addresses, ptr_B: X per group), weights, scales, n, k, experts}.
   struct Arguments : Base::Arguments {
     const void* weights[kMxWeightSets];  // E4M3 [experts, n, k]
-    const void* scales[kMxWeightSets];   // mxfp8_quantize's scale tiles of each
+    const void* scales[kMxWeightSets];   // mxfp8_quantize's scale tiles (kF16: factor tiles)
     int n;
     int k;
     int experts;
+    const void* b_exponents[kMxWeightSets];  // kF16: uint8 per weight row [experts * n]
+    const void* a_exponents[kMxWeightSets];  // kF16: uint8 per row of A, + kWindowBytes
+    const int64_t* row0;                     // kF16: each group's first row of A (GroupTables)
+    const int32_t* a_shift;                  // kF16: 4 words per group, row0 % 16 first
   };
 
   struct Params : Base::Params {
@@ -98,10 +116,14 @@ struct MxWeightMainloop : CarriesGroup<Base> {
     int sets;         // weights per launch (groups: experts x sets, tables.cuh's group_index)
     int row_tiles;    // n / 128: scale tile rows per expert
     int scale_tiles;  // k / 128: scale tiles per tile row
+    const uint8_t* b_exponents[kMxWeightSets];
+    const uint8_t* a_exponents[kMxWeightSets];
+    const int64_t* row0;
+    const int32_t* a_shift;
   };
 
   static constexpr uint32_t kTransactionBytes =
-      kTileM * kTileK + kScaleTileBytes +
+      kTileM * kTileK + kScaleBytes +
       cute::size<0>(typename Base::SmemLayoutB{}) * cute::size<1>(typename Base::SmemLayoutB{}) *
           sizeof(Element);
 
@@ -109,7 +131,7 @@ struct MxWeightMainloop : CarriesGroup<Base> {
   static Params to_underlying_arguments(ProblemShape problem_shapes, Arguments const& args,
                                         void* workspace) {
     Params params{Base::to_underlying_arguments(problem_shapes, args, workspace), {}, {}, 0, 0,
-                  0, 0};
+                  0, 0, {}, {}, args.row0, args.a_shift};
     params.tma_transaction_bytes = kTransactionBytes;
     for (int set = 0; set < kMxWeightSets; ++set) {
       const int from = args.weights[set] != nullptr ? set : 0;  // an unused set repeats the first
@@ -117,6 +139,10 @@ struct MxWeightMainloop : CarriesGroup<Base> {
                                             WeightTile>(args.weights[from], args.n, args.k,
                                                         args.experts);
       params.scales[set] = static_cast<const uint8_t*>(args.scales[from]);
+      if constexpr (kF16) {
+        params.b_exponents[set] = static_cast<const uint8_t*>(args.b_exponents[from]);
+        params.a_exponents[set] = static_cast<const uint8_t*>(args.a_exponents[from]);
+      }
     }
     params.experts = args.experts;
     params.sets = args.weights[1] != nullptr ? kMxWeightSets : 1;
@@ -135,7 +161,9 @@ struct MxWeightMainloop : CarriesGroup<Base> {
     using namespace cute;
     if (!elect_one_sync()) return;
     const int group = get<2>(load_inputs);
-    const auto [set, expert] = group_index(group, params.experts * params.sets, params.experts);
+    const GroupIndex index = group_index(group, params.experts * params.sets, params.experts);
+    const int set = index.set;
+    const int expert = index.expert;
     auto [m_coord, n_coord, k_coord, l_coord] = blk_coord;
     auto const& tma_w = params.tma_w[set];
     Tensor mW = tma_w.get_tma_tensor(make_shape(params.row_tiles * kTileM,
@@ -161,16 +189,32 @@ struct MxWeightMainloop : CarriesGroup<Base> {
     // copy then reads the last valid tile rather than another expert's or past the tensor.
     const int row_tile = expert * params.row_tiles + min(int(m_coord), params.row_tiles - 1);
     const uint8_t* scales = params.scales[set] + int64_t(row_tile) * params.scale_tiles *
-                                                      kScaleTileBytes;
+                                                      kScaleBytes;
+    // kF16: the window of A-row exponents from the aligned-down first row of this tile.
+    const int64_t first_row = kF16 ? params.row0[group] + int64_t(n_coord) * kTileN : 0;
+    const int last_k_tile = k_tile_count - 1;
     for_each_k_tile(pipeline, smem_pipe_write, k_tile_iter, k_tile_count,
                     [&](auto& barrier, int stage, int k_tile) {
                       copy(tma_w.with(barrier), tWgW(_, _, _, k_tile), tWsW(_, _, _, stage));
                       copy(params.tma_load_b.with(get<1>(maps), barrier, mask_b),
                            tBgB(_, _, _, k_tile), tBsB(_, _, _, stage));
                       SM90_BULK_COPY_G2S::copy(
-                          scales + int64_t(k_tile / 2) * kScaleTileBytes, &barrier,
-                          shared_tensors.smem_scale.data() + stage * kScaleTileBytes,
-                          kScaleTileBytes);
+                          scales + int64_t(k_tile / 2) * kScaleBytes, &barrier,
+                          shared_tensors.smem_scale.data() + stage * kScaleBytes, kScaleBytes);
+                      if (kF16 && k_tile == last_k_tile) {  // read by the rescale
+                        cutlass::arch::ClusterTransactionBarrier::expect_transaction(
+                            &barrier, kExponentBytes);
+                        uint8_t* exponents =
+                            shared_tensors.smem_exponent.data() + stage * kExponentBytes;
+                        SM90_BULK_COPY_G2S::copy(
+                            params.b_exponents[set] + int64_t(row_tile) * kTileM, &barrier,
+                            exponents, kTileM);
+                        SM90_BULK_COPY_G2S::copy(params.a_shift + 4 * group, &barrier,
+                                                 exponents + kRecordAt, 16);
+                        SM90_BULK_COPY_G2S::copy(
+                            params.a_exponents[set] + (first_row & ~int64_t{15}), &barrier,
+                            exponents + kWindowAt, kWindowBytes);
+                      }
                     });
   }
 
@@ -208,13 +252,18 @@ struct MxWeightMainloop : CarriesGroup<Base> {
            accum, converter);
       if (t + 1 >= k_tile_count) break;
       step(pipeline, smem_pipe_read, release, t + 1, k_tile_count, tiled_mma, tCrB, frag1,
-           frag2, accum, converter);
+              frag2, accum, converter);
       if (t + 2 >= k_tile_count) break;
       step(pipeline, smem_pipe_read, release, t + 2, k_tile_count, tiled_mma, tCrB, frag2,
-           frag0, accum, converter);
+              frag0, accum, converter);
     }
     warpgroup_wait<0>();
     warpgroup_fence_operand(accum);
+    if constexpr (kF16) {  // the last tile's stage holds the exponents
+      PipelineState last = release;
+      for (int i = 1; i < min(k_tile_count, kQueuedBatches); ++i) ++last;
+      rescale(thread_mma, accum, shared_tensors, last.index());
+    }
     // The stages of the last tiles, which no step released.
     for (int left = min(k_tile_count, kQueuedBatches); left > 0; --left) {
       pipeline.consumer_release(release);
@@ -225,60 +274,25 @@ struct MxWeightMainloop : CarriesGroup<Base> {
   CUTLASS_DEVICE void mma_tail(MainloopPipeline, PipelineState, int) {}
 
  private:
-  // Converts the consumer thread's fragment of one stage's E4M3 tile into bf16 registers. Its
-  // shared-memory offsets are the same for every stage, so they are computed once: by
-  // ALayout_64x16 the thread holds rows r and r + 8 and, per 16-wide k block kb, the pairs at
-  // 16 kb + k0 and 16 kb + k0 + 8; SmemLayoutW's 64-byte swizzle (Swizzle<2,4,3> on bytes) XORs
-  // the 16-byte chunk index kb with (r / 2) % 4, which r + 8 shares. (Address arithmetic per
-  // pair took a third of the conversion's instructions.)
-  struct Converter {
-    TensorStorage& storage;
-    int pair_base;   // 64 r + k0: the pair (r, k0) within its chunk row
-    int chunk[4];    // per k block: its swizzled chunk's byte offset
-    int scale_base;  // row r's scale of K block 0 in the 512-byte scale tile
-
-    template <class Coords>
-    CUTLASS_DEVICE static Converter make(TensorStorage& storage, Coords const& coords) {
-      const int row = cute::get<0>(coords(0, 0, 0));
-      const int k0 = cute::get<1>(coords(0, 0, 0));
-      Converter converter{storage, 64 * row + k0, {}, (row % 32) * 16 + (row / 32) * 4};
-      CUTLASS_PRAGMA_UNROLL
-      for (int kb = 0; kb < 4; ++kb) converter.chunk[kb] = (kb ^ (row / 2 % 4)) * 16;
-      return converter;
+  // kF16: the sums of rebased products times 2^(R_b - 127) * 2^(R_a - 127), from the exponents
+  // the last stage still holds (two exact power-of-two multiplies unless a result leaves fp32's
+  // normal range).
+  template <class ThreadMma, class FrgTensorC>
+  CUTLASS_DEVICE static void rescale(ThreadMma const& thread_mma, FrgTensorC& accum,
+                                     TensorStorage& storage, int stage) {
+    using namespace cute;
+    const uint8_t* exponents = storage.smem_exponent.data() + stage * kExponentBytes;
+    const uint8_t* a_rows =
+        exponents + kWindowAt + *reinterpret_cast<const int32_t*>(exponents + kRecordAt);
+    Tensor coords = thread_mma.partition_C(
+        make_identity_tensor(make_shape(Int<kTileM>{}, Int<kTileN>{})));
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(accum); ++i) {
+      const int m = get<0>(coords(i));
+      const int n = get<1>(coords(i));
+      accum(i) = accum(i) * mxfp8::exponent_value(exponents[m]) * mxfp8::exponent_value(a_rows[n]);
     }
-
-    template <class Fragment>
-    CUTLASS_DEVICE void operator()(int stage, int k_tile, Fragment& frag) const {
-      using namespace cute;
-      static_assert(size<0>(Fragment{}) == 8 && size<2>(Fragment{}) == 4, "64 x 64 per thread");
-      const uint8_t* tile = storage.smem_W.data() + stage * kTileM * kTileK + pair_base;
-      // Rows r and r + 8 are 128 bytes apart in a scale tile (r % 32 < 24); K blocks 1 byte.
-      const uint8_t* scale_tile = storage.smem_scale.data() + stage * kScaleTileBytes +
-                                  scale_base + 2 * (k_tile % 2);
-      float scales[2][2];  // [row r or r + 8][32-value block of the k tile]
-      CUTLASS_PRAGMA_UNROLL
-      for (int r = 0; r < 2; ++r) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int b = 0; b < 2; ++b) scales[r][b] = mxfp8::scale_value(scale_tile[128 * r + b]);
-      }
-      auto words = recast<uint32_t>(frag);  // word j: fragment values 2 j and 2 j + 1
-      CUTLASS_PRAGMA_UNROLL
-      for (int kb = 0; kb < 4; ++kb) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int j = 0; j < 4; ++j) {  // value pairs (r, k), (r + 8, k), (r, k + 8), (r + 8, k + 8)
-          const int row8 = j % 2;  // the pair of row r + 8
-          const auto pair = *reinterpret_cast<const __nv_fp8x2_storage_t*>(
-              tile + chunk[kb] + 512 * row8 + 8 * (j / 2));
-          const float scale = scales[row8][kb / 2];
-          const float2 values =
-              __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
-          const __nv_bfloat162 converted = __floats2bfloat162_rn(__fmul_rn(values.x, scale),
-                                                                 __fmul_rn(values.y, scale));
-          words(4 * kb + j) = *reinterpret_cast<const uint32_t*>(&converted);
-        }
-      }
-    }
-  };
+  }
 
   // Issues tile t's wgmmas on `current`; with them and tile t - 1's in flight, waits for tile
   // t - 2's (then its stage and `next`, its registers, are free) and converts tile t + 1 into

@@ -43,13 +43,16 @@ struct GroupTables {
   StrideC* stride_c;
   StrideD* stride_d;
   int32_t* used;  // rows of each group's segment the GEMM computes (the rest are zero rows)
+  int64_t* row0;  // the group's first row in A (kLinearMxWeightF16 reads A's row exponents)
+  int32_t* a_shift;  // 4 words (16 bytes) per group: row0 % 16, for kLinearMxWeightF16's copies
 
   static size_t bytes(int groups) {
     const size_t g = static_cast<size_t>(groups);
     return round_up(g * sizeof(Shape)) + 5 * round_up(g * sizeof(void*)) +
            round_up(g * sizeof(StrideA)) + round_up(g * sizeof(StrideB)) +
            round_up(g * sizeof(StrideC)) + round_up(g * sizeof(StrideD)) +
-           round_up(g * sizeof(int32_t));
+           round_up(g * sizeof(int32_t)) + round_up(g * sizeof(int64_t)) +
+           round_up(g * 4 * sizeof(int32_t));
   }
 
   // Lays the tables out back to back from `base` (which may be null to size them).
@@ -73,6 +76,8 @@ struct GroupTables {
     t.stride_c = reinterpret_cast<StrideC*>(take(sizeof(StrideC)));
     t.stride_d = reinterpret_cast<StrideD*>(take(sizeof(StrideD)));
     t.used = reinterpret_cast<int32_t*>(take(sizeof(int32_t)));
+    t.row0 = reinterpret_cast<int64_t*>(take(sizeof(int64_t)));
+    t.a_shift = reinterpret_cast<int32_t*>(take(4 * sizeof(int32_t)));
     return t;
   }
 };
@@ -130,6 +135,8 @@ __global__ void fill_tables_kernel(GroupedArgs args, Tables tables) {
   const int used = routed_rows(args.row_source, row0, args.rows[e]);
   if (threadIdx.x != 0) return;
   tables.used[g] = used;
+  tables.row0[g] = row0;
+  tables.a_shift[4 * g] = static_cast<int32_t>(row0 % 16);
   const OperandSet& s = args.sets[set];
   using Element = typename Tables::ElementAB;
   using ElementD = typename Tables::ElementOut;
@@ -152,7 +159,7 @@ __global__ void fill_tables_kernel(GroupedArgs args, Tables tables) {
     tables.d[g] = d + e * k * n;
     tables.stride_a[g] = leading_stride<StrideA>(k);
     tables.stride_b[g] = leading_stride<StrideB>(n);
-  } else if constexpr (kKind == Kind::kLinearMxWeight) {
+  } else if constexpr (kKind == Kind::kLinearMxWeight || kKind == Kind::kLinearMxWeightF16) {
     // Computed transposed (mx_weight_mainloop.cuh): M = n (the weight's rows), N = the routed
     // rows. A is the expert's E4M3 weight, handed to the mainloop's bf16 placeholder descriptor
     // only (its own descriptor reads the bytes).

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from mok.backends import cuda
+from mok.backends import cuda, cuda_rebased
 from mok.backends.cuda_comm import _PULL_SOURCES, _buffer, _schedule_rows, run_pull
 from mok.workspace import MoKWorkspace
 
@@ -28,7 +28,8 @@ def pull_round(
     sync_before: bool = True,
     sync_after: bool = True,
     num_ctas: int | None = None,
-) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    rebased: bool = False,
+):
     """(values, (data_t, scale_t)) of the rows `pull_rows(ws, source_buffer_name, schedule)`
     would give: `values` bf16 [C, H] their rounded values, `data_t` fp8 [H, C] and `scale_t`
     uint8 [H/128, C/128, 32, 16] their transposed pair. 128-row tiles at or past the schedule's
@@ -37,6 +38,11 @@ def pull_round(
     C (the schedule's rows) and H must be multiples of 128. `num_ctas` limits the kernel to that
     many CTAs (an exchange in the background); None gives one per 128 x 128 tile. Barriers as
     in `pull_rows`.
+
+    `rebased` (EP 1): `values` is a cuda_rebased.RebasedRows instead, the same values as f16
+    times 2^(127 - R) with R the exponent byte of the source token (cuda_rebased.row_exponents
+    of the source buffer, one more pass over the T local tokens), the MXFP8 GEMM on f16
+    operands' input (cuda_rebased.linear_mx_f16).
     """
     source = _buffer(ws, source_buffer_name, _PULL_SOURCES)
     peer_rank, peer_token_idx, num_tokens = _schedule_rows(ws, schedule)
@@ -48,8 +54,19 @@ def pull_round(
         )
     if num_ctas is not None and num_ctas < 1:
         raise ValueError(f"`num_ctas` must be >= 1 or None, got {num_ctas}")
-    values = torch.empty((rows, cols), dtype=torch.bfloat16, device=ws.device)
+    if rebased and ws.ep_size != 1:
+        raise ValueError(f"`rebased` rows need the local source (EP 1), got EP {ws.ep_size}")
+    dtype = torch.float16 if rebased else torch.bfloat16
+    values = torch.empty((rows, cols), dtype=dtype, device=ws.device)
     data_t, scale_t = cuda.mxfp8_layout((cols, rows), ws.device)
+    exponents = {}
+    if rebased:
+        storage = torch.empty(rows + cuda_rebased.EXPONENT_PADDING, dtype=torch.uint8,
+                              device=ws.device)  # fmt: skip
+        exponents = {
+            "src_exponents": cuda_rebased.row_exponents(source).data_ptr(),
+            "row_exponents": storage.data_ptr(),
+        }
     run_pull(
         ws,
         "comm_pull_round",
@@ -64,5 +81,8 @@ def pull_round(
         out_t=data_t.data_ptr(),
         scale_t=scale_t.data_ptr(),
         ctas=num_ctas or 0,
+        **exponents,
     )
+    if rebased:
+        values = cuda_rebased.RebasedRows(values, storage[:rows])
     return values, (data_t, scale_t)

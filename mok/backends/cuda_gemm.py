@@ -41,6 +41,7 @@ class Kind(enum.IntEnum):
     WEIGHT_GRAD = 3  # a[seg]^T @ b[seg] per expert -> bf16 [E, Ka, Kb]
     LINEAR_MX = 4  # LINEAR with w an MXFP8 (E4M3 [E, N, K], scale tiles) pair -> bf16
     LINEAR_SWIGLU = 5  # LINEAR of gate and up weights, + hidden = swiglu(gate, up) -> bf16 x3
+    LINEAR_MX_F16 = 6  # LINEAR_MX on f16 rows rebased per row (RebasedRows) -> bf16
 
 
 def available(device: torch.device) -> bool:
@@ -80,11 +81,13 @@ def _launch(
     b_scales=(),
     hidden=None,
     limit=None,
+    exponents=None,
 ) -> None:
     """sets: one or two (a, b, d) tuples of contiguous 16-byte aligned tensors (LINEAR_PAIR: the
     second set's d None); row_source: None or int32 [R] (R = the first operand's rows) on the
     device; b_scales: LINEAR_MX's scale tiles of each set's b; hidden and limit: LINEAR_SWIGLU's
-    third output and SwiGLU clamp."""
+    third output and SwiGLU clamp; exponents: LINEAR_MX_F16's (a's row exponents, [each b's row
+    exponents])."""
     device = rows.device
     if row_source is not None:
         check_tensor("row_source", row_source, dtype=torch.int32, shape=[sets[0][0].shape[0]],
@@ -120,7 +123,19 @@ def _launch(
         hidden=_address(hidden),
         has_limit=limit is not None,
         limit=0.0 if limit is None else float(limit),
+        **_exponent_arguments(exponents),
     )
+
+
+def _exponent_arguments(exponents) -> dict:
+    if exponents is None:
+        return {}
+    a_exponent, b_exponents = exponents
+    return {
+        "a_exponent": a_exponent.data_ptr(),
+        "b_exponent": b_exponents[0].data_ptr(),
+        "b2_exponent": _address(b_exponents[1] if len(b_exponents) > 1 else None),
+    }
 
 
 def _bf16(t: torch.Tensor) -> torch.Tensor:
@@ -167,13 +182,14 @@ def linear(
     return _linear(Kind.LINEAR, a, [_bf16(w) for w in weights], rows, row_source, zero_rest)
 
 
-def _linear(kind: Kind, a, weights, rows, row_source, zero_rest, scales=()):
-    """One launch of LINEAR or LINEAR_MX on checked operands -> bf16 [R, N] per weight."""
-    a = _bf16(a)
-    outs = [a.new_empty((a.shape[0], w.shape[1])) for w in weights]
+def _linear(kind: Kind, a, weights, rows, row_source, zero_rest, scales=(), exponents=None):
+    """One launch of LINEAR or LINEAR_MX* on checked operands -> bf16 [R, N] per weight."""
+    a = a if kind == Kind.LINEAR_MX_F16 else _bf16(a)
+    outs = [a.new_empty((a.shape[0], w.shape[1]), dtype=_BF16) for w in weights]
     sets = [(a, w, out) for w, out in zip(weights, outs, strict=True)]
     total_rows = a.shape[0] if zero_rest else 0
-    _launch(kind, sets, rows, weights[0].shape[1], a.shape[1], total_rows, row_source, scales)
+    _launch(kind, sets, rows, weights[0].shape[1], a.shape[1], total_rows, row_source, scales,
+            exponents=exponents)  # fmt: skip
     return outs
 
 
@@ -214,6 +230,13 @@ def linear_mx(
     float8_e4m3fn [E, N, K], scales uint8 [E*N/128, K/128, 32, 16]) pair as mxfp8_quantize
     writes it, N and K multiples of 128. Bit for bit what `linear` gives on the weights'
     mxfp8_dequantize values, up to the order of the fp32 accumulation."""
+    data, scales = mx_weight_operands(a, weights, rows)
+    return _linear(Kind.LINEAR_MX, a, data, rows, row_source, zero_rest, scales)
+
+
+def mx_weight_operands(a: torch.Tensor, weights, rows: torch.Tensor, scale_dtype=torch.uint8):
+    """The checked, aligned (data, scales) lists of MXFP8 weights for activations `a` [R, K]
+    (`scale_dtype` torch.int16: kind 6's f16 factor tiles in the scales' place)."""
     _check_sets("weights", weights)
     experts = _experts(rows, a)
     k = a.shape[1]
@@ -224,12 +247,12 @@ def linear_mx(
     for i, (data, scales) in enumerate(weights):
         check_tensor(f"weights[{i}][0] (data)", data, dtype=torch.float8_e4m3fn,
                      shape=[experts, n, k], dims=["E", "N", "K"], device=a.device)  # fmt: skip
-        check_tensor(f"weights[{i}][1] (scales)", scales, dtype=torch.uint8,
+        check_tensor(f"weights[{i}][1] (scales)", scales, dtype=scale_dtype,
                      shape=[experts * n // 128, k // 128, 32, 16],
                      dims=["E*N/128", "K/128", "32", "16"], device=a.device)  # fmt: skip
     data = [_extension.aligned(d) for d, _ in weights]
     scales = [_extension.aligned(sc) for _, sc in weights]
-    return _linear(Kind.LINEAR_MX, a, data, rows, row_source, zero_rest, scales)
+    return data, scales
 
 
 def linear_transposed(

@@ -18,7 +18,14 @@ import os
 
 import torch
 
-from mok.backends import cuda, cuda_comm, cuda_comm_mxfp8, cuda_experts, cuda_gemm
+from mok.backends import (
+    cuda,
+    cuda_comm,
+    cuda_comm_mxfp8,
+    cuda_experts,
+    cuda_gemm,
+    cuda_rebased,
+)
 from mok.backends.reference_experts import ExpertEngine
 from mok.workspace import MoKWorkspace, workspace_owning
 
@@ -82,6 +89,9 @@ class HopperGemms(CudaMxfp8, ExpertEngine):
         self.num_tokens = schedule[2]
         self.num_experts = num_experts
         self.swiglu_epilogue = _swiglu_epilogue()
+        # The MXFP8 forward's gate/up GEMM on f16 rows rebased per row (kind 6; pull_rounded
+        # writes them at EP 1) instead of bf16 rows (kind 4): NOTES v17.
+        self.reads_rebased_rows = _choice("MOK_MXFP8_F16", ("1", "0"), "1") == "1"
 
     mx_weights_as_stored = True
 
@@ -101,8 +111,11 @@ class HopperGemms(CudaMxfp8, ExpertEngine):
             )
         return self.linears(a, [weight])[0]
 
-    def linears(self, a: torch.Tensor, weights) -> list[torch.Tensor]:
+    def linears(self, a, weights) -> list[torch.Tensor]:
         weights = list(weights)
+        if isinstance(a, cuda_rebased.RebasedRows):  # MXFP8 weights, prepared per call
+            rebased = [cuda_rebased.rebase_weight(w) for w in weights]
+            return cuda_rebased.linear_mx_f16(a, rebased, self.rows, self.row_source, False)
         if isinstance(weights[0], cuda_gemm.MxWeight):
             return cuda_gemm.linear_mx(a, weights, self.rows, self.row_source, zero_rest=False)
         return cuda_gemm.linear(a, weights, self.rows, self.row_source, zero_rest=False)
@@ -149,10 +162,14 @@ def _transposed_view(weight: torch.Tensor) -> bool:
 
 
 def _swiglu_epilogue() -> bool:
-    choice = os.environ.get("MOK_SWIGLU_EPILOGUE", "0")
-    if choice not in ("0", "1"):
-        raise ValueError(f"MOK_SWIGLU_EPILOGUE must be 0 or 1, got {choice!r}")
-    return choice == "1"
+    return _choice("MOK_SWIGLU_EPILOGUE", ("0", "1"), "0") == "1"
+
+
+def _choice(variable: str, allowed: tuple[str, ...], default: str) -> str:
+    choice = os.environ.get(variable, default)
+    if choice not in allowed:
+        raise ValueError(f"{variable} must be one of {', '.join(allowed)}, got {choice!r}")
+    return choice
 
 
 def _use_mok_gemms(device: torch.device) -> bool:
@@ -325,14 +342,16 @@ class CudaEngine:
         """A callable giving `gemm.mx_round_both` of `self.pull(name, schedule)`'s rows; call
         it after the join. Within one GPU (EP 1) the pull is a local gather that competes with
         any background work for memory bandwidth, so it pulls and rounds in one pass (one kernel,
-        cuda_comm_mxfp8; the routed GEMM engines here round as it does, CudaMxfp8) and now;
-        across GPUs the pull waits on NVLink, which background work hides, so it pulls (in the
-        background if asked) and rounds when called."""
+        cuda_comm_mxfp8; the routed GEMM engines here round as it does, CudaMxfp8) and now,
+        as f16 rows rebased per row (cuda_rebased.RebasedRows) for an engine whose GEMMs read
+        them (`reads_rebased_rows`); across GPUs the pull waits on NVLink, which background
+        work hides, so it pulls (in the background if asked) and rounds when called."""
         if self.ws.ep_size == 1:
             before, after = sync
             rounded = cuda_comm_mxfp8.pull_round(
-                self.ws, name, schedule, sync_before=before, sync_after=after
-            )
+                self.ws, name, schedule, sync_before=before, sync_after=after,
+                rebased=getattr(gemm, "reads_rebased_rows", False),
+            )  # fmt: skip
             return lambda: rounded
         rows = self.pull(name, schedule, background, sync=sync)
         return lambda: gemm.mx_round_both(rows)

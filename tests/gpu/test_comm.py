@@ -39,7 +39,7 @@ from comm_helpers import (
 
 from mok import _extension
 from mok import status as device_status
-from mok.backends import cuda, cuda_comm, cuda_comm_mxfp8, reference
+from mok.backends import cuda, cuda_comm, cuda_comm_mxfp8, cuda_rebased, reference
 
 # The fixtures device, seed and workspaces come from tests/gpu/conftest.py (which also skips with
 # the reason when there is no GPU or no module).
@@ -148,6 +148,38 @@ def test_pull_round_is_the_pull_then_the_rounding(shape, kind, ctas, seed, works
                 scale_t[:, : live // 128],
                 want_scale_t[:, : live // 128],
             ),  # fmt: skip
+        ]
+
+    check_calls(ws, kind, shape[3], gen, one_call)
+
+
+@pytest.mark.parametrize("kind", ROUTINGS)
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+def test_pull_round_rebased_rows(shape, kind, seed, workspaces):
+    """EP 1: pull_round's f16 rows rebased per row (kind 6's input) are its bf16 rounded rows
+    times 2^(127 - R), R the source token's row_exponents byte (0 on padding rows), exactly,
+    with the same transposed pair; beyond EP 1 the mode is refused (it reads local tokens)."""
+    ws, gen, rng = ws_and_draws(workspaces, seed, "pull_round_rebased", shape, kind)
+
+    def one_call(call: int, sched: tuple[torch.Tensor, ...]) -> list[str | None]:
+        ws.x_buffer.copy_(random_rows(tuple(ws.x_buffer.shape), torch.bfloat16, gen))
+        if ws.ep_size > 1:
+            with pytest.raises(ValueError, match="need the local source"):
+                cuda_comm_mxfp8.pull_round(ws, "x_buffer", sched, rebased=True)
+            return []
+        skew(rng)
+        (values, exponents), pair = cuda_comm_mxfp8.pull_round(ws, "x_buffer", sched, rebased=True)
+        want, want_pair = cuda_comm_mxfp8.pull_round(ws, "x_buffer", sched)
+        live = int(sched[2].item())
+        source = (sched[1][:live] // ws.topk).clamp(min=0).long()
+        tokens = cuda_rebased.row_exponents(ws.x_buffer)[source]
+        want_exponents = torch.where(sched[0][:live] < 0, 0, tokens).to(torch.uint8)
+        back = values[:live].float() * torch.exp2(exponents[:live].float() - 127)[:, None]
+        what = f"rebased pull_round call {call}"
+        return [
+            bit_mismatch(f"{what}: exponents", exponents[:live], want_exponents),
+            bit_mismatch(f"{what}: values", back, want[:live].float()),
+            bit_mismatch(f"{what}: transposed data", pair[0][:, :live], want_pair[0][:, :live]),
         ]
 
     check_calls(ws, kind, shape[3], gen, one_call)

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from mok import functional as F
 from mok import ops
-from mok.backends import cuda_gemm, moe
+from mok.backends import cuda_gemm, cuda_rebased, moe
 
 # Rank-count agnostic: the 1-rank pass runs them at EP=1, the multi-GPU pass at EP=N.
 pytestmark = [pytest.mark.gpu, pytest.mark.multi_gpu]
@@ -257,6 +257,33 @@ def test_swiglu_epilogue_changes_no_bit(nccl_group, monkeypatch, case):
     assert launches, "MOK_SWIGLU_EPILOGUE=1 did not run the SwiGLU epilogue"
     for name, a, b in zip(("out", *GRAD_NAMES), apart, fused, strict=True):
         assert torch.equal(a, b), f"{name}: the SwiGLU epilogue changed the result"
+
+
+@pytest.mark.parametrize("case", ["dsv4-like", "smallest"])
+def test_mxfp8_f16_rows_change_no_bit(nccl_group, monkeypatch, case):
+    """The MXFP8 forward's gate/up GEMM on f16 rows rebased per row (kind 6, the default at EP
+    1; MOK_MXFP8_F16=0 keeps kind 4 on bf16 rows) gives the same bits for the whole step."""
+    data = _make(CASES[case], _seed())
+    config, ws = _workspace(nccl_group, data)
+    launches = []
+    f16_gemm = cuda_rebased.linear_mx_f16
+
+    def counted(*args, **kwargs):
+        launches.append(1)
+        return f16_gemm(*args, **kwargs)
+
+    monkeypatch.setattr(cuda_rebased, "linear_mx_f16", counted)
+    monkeypatch.setenv("MOK_MXFP8_F16", "0")
+    bf16_rows, _ = step(ws, config, data, "mxfp8")
+    assert not launches, "the f16 GEMM ran although switched off"
+    monkeypatch.setenv("MOK_MXFP8_F16", "1")
+    f16_rows, _ = step(ws, config, data, "mxfp8")
+    if ws.ep_size == 1:
+        assert launches, "MOK_MXFP8_F16=1 did not run the f16 GEMM at EP 1"
+    else:
+        assert not launches, "beyond EP 1 the forward has no rebased rows to read"
+    for name, a, b in zip(("out", *GRAD_NAMES), bf16_rows, f16_rows, strict=True):
+        assert torch.equal(a, b), f"{name}: the f16 GEMM changed the result"
 
 
 # dsv4-like's shared expert is large enough for background exchanges (a forked stream in the

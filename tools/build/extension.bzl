@@ -41,12 +41,14 @@ EXTENSION_SOURCES = [
     "csrc/gemm/grouped.cu",
     "csrc/gemm/linear.cu",
     "csrc/gemm/linear_mx.cu",
+    "csrc/gemm/linear_mx_f16.cu",
     "csrc/gemm/linear_pair.cu",
     "csrc/gemm/linear_swiglu.cu",
     "csrc/gemm/linear_transposed.cu",
     "csrc/gemm/weight_grad.cu",
     "csrc/mxfp8.cu",
     "csrc/mxfp8_dequantize.cu",
+    "csrc/mxfp8_rebase.cu",
     "csrc/schedule.cu",
 ]
 
@@ -72,6 +74,7 @@ EXTENSION_HEADERS = [
     "csrc/gemm/gate_up_mainloop.cuh",
     "csrc/gemm/grouped.h",
     "csrc/gemm/grouped_kernel.cuh",
+    "csrc/gemm/mx_weight_convert.cuh",
     "csrc/gemm/mx_weight_mainloop.cuh",
     "csrc/gemm/paired_mainloop.cuh",
     "csrc/gemm/producer_loads.cuh",

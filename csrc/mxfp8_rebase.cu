@@ -1,0 +1,101 @@
+// The exponent bytes of the f16 GEMM's rebased rows (gemm/grouped.h's kLinearMxWeightF16).
+// Weights: each row's exponent byte R (its largest scale byte minus 7, so that 448 * 2^(E - R)
+// stays under f16's 65504) and each scale block's f16 factor 2^(E - R), in the scale tiles'
+// layout; one thread per weight row, one CTA per 128-row scale tile (a row's 4 bytes of each
+// 128-wide K tile are adjacent: one word read, 8 bytes of factors written). Activations: each
+// bf16 row's R, which puts its largest magnitude in [2^15, 2^16); one warp per row.
+#include <cstdint>
+
+#include "common/mxfp8_format.hpp"
+#include "common/mxfp8_math.cuh"
+#include "mxfp8.h"
+
+namespace mok::mxfp8 {
+// Named, not anonymous: nvcc names anonymous namespaces after the build path.
+namespace rebase_detail {
+
+constexpr uint32_t kNanByte = 255;       // E8M0's NaN
+constexpr int kWeightHeadroom = 7;       // 448 * 2^7 < 65504
+constexpr uint16_t kHalfNan = 0x7e00;    // torch's f16 NaN
+constexpr int kHalfBias = 15;
+constexpr int kRowThreads = 256;
+
+// f16 bits of 2^e: normal from 2^-14, subnormal down to 2^-24, zero below (round to nearest
+// even gives 0 for 2^-25, as for anything smaller).
+__device__ __forceinline__ uint16_t half_power(int e) {
+  if (e >= 1 - kHalfBias) return static_cast<uint16_t>((e + kHalfBias) << 10);
+  if (e >= -24) return static_cast<uint16_t>(1u << (e + 24));
+  return 0;
+}
+
+__global__ void __launch_bounds__(kTile) weight_factors_kernel(const RebaseWeightArgs args) {
+  const int row = threadIdx.x;
+  const int64_t tile = blockIdx.x;
+  const int k_tiles = static_cast<int>(args.cols / kTile);
+  const int offset = swizzled_scale_offset(row, 0);  // the row's 4 bytes, 4-aligned
+  const auto* scales = static_cast<const uint8_t*>(args.scale) + tile * k_tiles * kTileScaleBytes;
+  int largest = 0;
+  for (int t = 0; t < k_tiles; ++t) {
+    const uint32_t word = *reinterpret_cast<const uint32_t*>(scales + t * kTileScaleBytes + offset);
+    for (int b = 0; b < 4; ++b) {
+      const uint32_t byte = (word >> (8 * b)) & 0xffu;
+      if (byte != kNanByte) largest = max(largest, static_cast<int>(byte));
+    }
+  }
+  const int exponent = max(largest - kWeightHeadroom, 0);
+  static_cast<uint8_t*>(args.row_exponents)[tile * kTile + row] = static_cast<uint8_t>(exponent);
+  auto* factors = static_cast<uint16_t*>(args.factors) + tile * k_tiles * kTileScaleBytes;
+  for (int t = 0; t < k_tiles; ++t) {
+    const uint32_t word = *reinterpret_cast<const uint32_t*>(scales + t * kTileScaleBytes + offset);
+    uint16_t out[4];
+    for (int b = 0; b < 4; ++b) {
+      const uint32_t byte = (word >> (8 * b)) & 0xffu;
+      out[b] = byte == kNanByte ? kHalfNan : half_power(static_cast<int>(byte) - exponent);
+    }
+    *reinterpret_cast<uint2*>(factors + t * kTileScaleBytes + offset) =
+        make_uint2(out[0] | (uint32_t{out[1]} << 16), out[2] | (uint32_t{out[3]} << 16));
+  }
+}
+
+// R = the biased exponent of the row's largest |x| minus 15 (clamped to 0: zero and subnormal
+// rows), bf16 bit patterns compared as unsigned magnitudes (NaN's above every number).
+__global__ void __launch_bounds__(kRowThreads) row_exponents_kernel(const RowExponentsArgs args) {
+  const int64_t row = int64_t{blockIdx.x} * (kRowThreads / 32) + threadIdx.x / 32;
+  if (row >= args.rows) return;
+  const int lane = threadIdx.x % 32;
+  const auto* x = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(args.x) +
+                                                 row * args.cols);
+  uint32_t amax2 = 0;
+  for (int64_t i = lane; i < args.cols / 8; i += 32) {
+    const uint4 v = x[i];
+    amax2 = __vmaxu2(amax2, __vmaxu2(v.x & kAbsMask2, v.y & kAbsMask2));
+    amax2 = __vmaxu2(amax2, __vmaxu2(v.z & kAbsMask2, v.w & kAbsMask2));
+  }
+  for (int offset = 16; offset > 0; offset /= 2) {
+    amax2 = __vmaxu2(amax2, __shfl_xor_sync(0xffffffffu, amax2, offset));
+  }
+  const int biased = static_cast<int>(max(amax2 & 0xffffu, amax2 >> 16) >> 7);
+  if (lane == 0) {
+    static_cast<uint8_t*>(args.out)[row] = static_cast<uint8_t>(max(biased - kHalfBias, 0));
+  }
+}
+
+}  // namespace rebase_detail
+
+cudaError_t launch_rebase_weight(const RebaseWeightArgs& args, cudaStream_t stream) {
+  if (args.rows == 0) return cudaSuccess;
+  const auto tiles = static_cast<unsigned>(args.rows / kTile);
+  rebase_detail::weight_factors_kernel<<<tiles, kTile, 0, stream>>>(args);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_row_exponents(const RowExponentsArgs& args, cudaStream_t stream) {
+  using rebase_detail::kRowThreads;
+  constexpr int kRowsPerBlock = kRowThreads / 32;
+  if (args.rows == 0) return cudaSuccess;
+  const auto blocks = static_cast<unsigned>((args.rows + kRowsPerBlock - 1) / kRowsPerBlock);
+  rebase_detail::row_exponents_kernel<<<blocks, kRowThreads, 0, stream>>>(args);
+  return cudaGetLastError();
+}
+
+}  // namespace mok::mxfp8
