@@ -47,6 +47,11 @@ def skip_without_grouped_gemms() -> None:
         pytest.skip("this GPU's mok module has no grouped GEMMs (they are built for sm_90a)")
 
 
+def case_generator(case, seed: int) -> torch.Generator:
+    """A CUDA generator for one test case: the module's seed plus a salt from the case."""
+    return torch.Generator(device="cuda").manual_seed(seed + hash(str(case)) % 100_000)
+
+
 def module_seed(label: str):
     """A module-scoped `seed` fixture for one-GPU test modules: MOK_TEST_SEED when set, else a
     fresh random seed, printed as "<label> test seed: ..." so a failure can be replayed."""

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from comm_helpers import WORLD, shared_seed, workspace_cache
-from gpu_helpers import skip_without_gpu_module
+from gpu_helpers import skip_without_gpu_module, skip_without_grouped_gemms
 
 for _name in ("NCCL_NVLS_ENABLE", "NVSHMEM_DISABLE_NVLS"):
     os.environ.setdefault(_name, "0" if _name == "NCCL_NVLS_ENABLE" else "1")
@@ -75,3 +75,10 @@ def seed(device, request) -> int:
 def workspaces(device):
     """shape -> workspace of this module, created on first use."""
     return workspace_cache(device)
+
+
+@pytest.fixture
+def grouped_gemms():
+    """Skips (saying why) unless GPU 0's mok module carries the grouped GEMMs (sm_90a); GEMM
+    test modules use it through pytest.mark.usefixtures."""
+    skip_without_grouped_gemms()

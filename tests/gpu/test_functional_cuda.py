@@ -235,55 +235,49 @@ def test_background_exchanges_change_no_bit(nccl_group, monkeypatch, mode):
         assert torch.equal(a, b), f"{name}: background exchanges changed the result"
 
 
+def _switch_changes_no_bit(nccl_group, monkeypatch, case, mode, variable, target):
+    """The whole step with `variable` = 0, then 1; both must give the same bits, and
+    `target` = (module, function) must not run with it off. Returns (whether it ran with it
+    on, the workspace)."""
+    data = _make(CASES[case], _seed())
+    config, ws = _workspace(nccl_group, data)
+    module, name = target
+    launches = []
+    original = getattr(module, name)
+
+    def counted(*args, **kwargs):
+        launches.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counted)
+    monkeypatch.setenv(variable, "0")
+    off, _ = step(ws, config, data, mode)
+    assert not launches, f"{name} ran although {variable}=0"
+    monkeypatch.setenv(variable, "1")
+    on, _ = step(ws, config, data, mode)
+    for output, a, b in zip(("out", *GRAD_NAMES), off, on, strict=True):
+        assert torch.equal(a, b), f"{output}: {variable}=1 changed the result"
+    return bool(launches), ws
+
+
 @pytest.mark.parametrize("case", ["qwen3-235b-like", "smallest"])
 def test_swiglu_epilogue_changes_no_bit(nccl_group, monkeypatch, case):
     """The gate/up GEMM with SwiGLU in its epilogue (MOK_SWIGLU_EPILOGUE=1) gives the bits of
     the GEMM + SwiGLU kernel pair; "smallest" (I = 128) runs it, as qwen3-235b-like does."""
-    data = _make(CASES[case], _seed())
-    config, ws = _workspace(nccl_group, data)
-    launches = []
-    fused_gemm = cuda_gemm.linear_swiglu
-
-    def counted(*args, **kwargs):
-        launches.append(1)
-        return fused_gemm(*args, **kwargs)
-
-    monkeypatch.setattr(cuda_gemm, "linear_swiglu", counted)
-    monkeypatch.setenv("MOK_SWIGLU_EPILOGUE", "0")
-    apart, _ = step(ws, config, data, "bf16")
-    assert not launches, "the SwiGLU epilogue ran although switched off"
-    monkeypatch.setenv("MOK_SWIGLU_EPILOGUE", "1")
-    fused, _ = step(ws, config, data, "bf16")
-    assert launches, "MOK_SWIGLU_EPILOGUE=1 did not run the SwiGLU epilogue"
-    for name, a, b in zip(("out", *GRAD_NAMES), apart, fused, strict=True):
-        assert torch.equal(a, b), f"{name}: the SwiGLU epilogue changed the result"
+    target = (cuda_gemm, "linear_swiglu")
+    ran, _ = _switch_changes_no_bit(nccl_group, monkeypatch, case, "bf16",
+                                    "MOK_SWIGLU_EPILOGUE", target)  # fmt: skip
+    assert ran, "MOK_SWIGLU_EPILOGUE=1 did not run the SwiGLU epilogue"
 
 
 @pytest.mark.parametrize("case", ["dsv4-like", "smallest"])
 def test_mxfp8_f16_rows_change_no_bit(nccl_group, monkeypatch, case):
     """The MXFP8 forward's gate/up GEMM on f16 rows rebased per row (kind 6, the default at EP
     1; MOK_MXFP8_F16=0 keeps kind 4 on bf16 rows) gives the same bits for the whole step."""
-    data = _make(CASES[case], _seed())
-    config, ws = _workspace(nccl_group, data)
-    launches = []
-    f16_gemm = cuda_rebased.linear_mx_f16
-
-    def counted(*args, **kwargs):
-        launches.append(1)
-        return f16_gemm(*args, **kwargs)
-
-    monkeypatch.setattr(cuda_rebased, "linear_mx_f16", counted)
-    monkeypatch.setenv("MOK_MXFP8_F16", "0")
-    bf16_rows, _ = step(ws, config, data, "mxfp8")
-    assert not launches, "the f16 GEMM ran although switched off"
-    monkeypatch.setenv("MOK_MXFP8_F16", "1")
-    f16_rows, _ = step(ws, config, data, "mxfp8")
-    if ws.ep_size == 1:
-        assert launches, "MOK_MXFP8_F16=1 did not run the f16 GEMM at EP 1"
-    else:
-        assert not launches, "beyond EP 1 the forward has no rebased rows to read"
-    for name, a, b in zip(("out", *GRAD_NAMES), bf16_rows, f16_rows, strict=True):
-        assert torch.equal(a, b), f"{name}: the f16 GEMM changed the result"
+    target = (cuda_rebased, "linear_mx_f16")
+    ran, ws = _switch_changes_no_bit(nccl_group, monkeypatch, case, "mxfp8", "MOK_MXFP8_F16",
+                                     target)  # fmt: skip
+    assert ran == (ws.ep_size == 1), "the f16 GEMM runs at EP 1 only (rebased rows are local)"
 
 
 # dsv4-like's shared expert is large enough for background exchanges (a forked stream in the

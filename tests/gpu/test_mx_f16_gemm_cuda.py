@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gpu_helpers import module_seed, requires_gpu_module, skip_without_grouped_gemms
+from gpu_helpers import case_generator, module_seed, requires_gpu_module
 
 from mok.backends import cuda, cuda_gemm, cuda_rebased
 
-pytestmark = [pytest.mark.gpu, requires_gpu_module()]
+pytestmark = [pytest.mark.gpu, requires_gpu_module(), pytest.mark.usefixtures("grouped_gemms")]
 
 CASES = [
     ([256], 128, 128),
@@ -24,15 +24,6 @@ CASES = [
 IDS = [f"rows{'-'.join(map(str, r))}-K{k}-N{n}" for r, k, n in CASES]
 
 seed = module_seed("f16 MXFP8 GEMM")
-
-
-@pytest.fixture(autouse=True)
-def _needs_kernels():
-    skip_without_grouped_gemms()
-
-
-def _generator(case, seed):
-    return torch.Generator(device="cuda").manual_seed(seed + hash(str(case)) % 100_000)
 
 
 def _weight(gen, experts, n, k, spread: int):
@@ -52,7 +43,7 @@ def _rounded_rows(gen, total, k, spread: int):
 
 
 def test_rebase_rows_is_exact_on_rounded_rows(seed):
-    x = _rounded_rows(_generator("rebase", seed), 512, 1024, spread=40)
+    x = _rounded_rows(case_generator("rebase", seed), 512, 1024, spread=40)
     values, exponents = cuda_rebased.rebase_rows(x)
     assert values.dtype == torch.float16 and exponents.dtype == torch.uint8
     back = values.float() * torch.exp2(exponents.float() - 127)[:, None]
@@ -64,7 +55,7 @@ def test_rebase_rows_is_exact_on_rounded_rows(seed):
 def test_row_exponents_follow_each_rows_largest(seed):
     """Each bf16 row's biased exponent of its largest |x| minus 15, at least 0: zero and tiny
     rows give 0, a NaN row 240 (its values are NaN whatever the factor)."""
-    gen = _generator("row-exponents", seed)
+    gen = case_generator("row-exponents", seed)
     x = torch.randn((300, 136), generator=gen, device="cuda")
     x = (x * 2.0 ** torch.randint(-130, 120, (300, 1), generator=gen, device="cuda")).bfloat16()
     x[3], x[7, 5] = 0.0, float("nan")
@@ -91,7 +82,7 @@ def _reference_rebase(scales):
 def test_rebase_weight_matches_the_scale_bytes(spread, seed):
     """Row exponents (largest scale byte - 7, NaN bytes left out) and f16 factors 2^(E - R)
     (zero under 2^-24, NaN for byte 255) bit for bit as the torch formulas give them."""
-    weight = _weight(_generator(("rebase-weight", spread), seed), 2, 256, 512, spread=spread)
+    weight = _weight(case_generator(("rebase-weight", spread), seed), 2, 256, 512, spread=spread)
     weight.scales[1, 2, 5, 9] = 255  # a NaN scale byte
     weight.scales[0, 1, 3, 2] = 0  # 2^-127: far more than 24 binades under its row's largest
     got = cuda_rebased.rebase_weight(weight)
@@ -109,7 +100,7 @@ def test_matches_kind4_bit_for_bit(case, spread, seed):
     sums and the bf16 outputs are the same bits (weight rows spanning 2^+-spread, activation
     rows 2^+-10: the products stay normal fp32 values in both kinds)."""
     rows, k, n = case
-    gen = _generator((case, spread), seed)
+    gen = case_generator((case, spread), seed)
     total, experts = sum(rows) + 256, len(rows)
     x = _rounded_rows(gen, total, k, spread=10)
     w1, w2 = (_weight(gen, experts, n, k, spread) for _ in range(2))
@@ -126,7 +117,7 @@ def test_matches_kind4_bit_for_bit(case, spread, seed):
 def test_nan_weights_and_repeats(seed):
     """A NaN weight byte makes its output column NaN, as mxfp8_dequantize's value does; five
     launches give the same bits."""
-    gen = _generator("nan", seed)
+    gen = case_generator("nan", seed)
     counts = torch.tensor([256, 256], dtype=torch.int32, device="cuda")
     x = _rounded_rows(gen, 512, 256, spread=4)
     weight = _weight(gen, 2, 128, 256, spread=4)

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gpu_helpers import module_seed, requires_gpu_module, skip_without_grouped_gemms
+from gpu_helpers import case_generator, module_seed, requires_gpu_module
 
 from mok.backends import cuda, cuda_gemm
 
-pytestmark = [pytest.mark.gpu, requires_gpu_module()]
+pytestmark = [pytest.mark.gpu, requires_gpu_module(), pytest.mark.usefixtures("grouped_gemms")]
 
 # (rows per expert, K, N) with K and N whole scale tiles; ragged and empty segments included.
 CASES = [
@@ -28,15 +28,6 @@ CASES = [
 IDS = [f"rows{'-'.join(map(str, r))}-K{k}-N{n}" for r, k, n in CASES]
 
 seed = module_seed("MXFP8-weight GEMM")
-
-
-@pytest.fixture(autouse=True)
-def _needs_kernels():
-    skip_without_grouped_gemms()
-
-
-def _generator(case, seed):
-    return torch.Generator(device="cuda").manual_seed(seed + hash(str(case)) % 100_000)
 
 
 def _weight(gen, experts, n, k, spread: int):
@@ -60,7 +51,7 @@ def _close(got, ref):
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_matches_bf16_gemm_on_dequantized_weights(case, seed):
     rows, k, n = case
-    gen = _generator(case, seed)
+    gen = case_generator(case, seed)
     total, experts = sum(rows) + 256, len(rows)
     a = torch.randn((total, k), generator=gen, device="cuda").bfloat16()
     (w1, v1), (w2, v2) = (_weight(gen, experts, n, k, spread=4) for _ in range(2))
@@ -84,7 +75,7 @@ def test_selecting_rows_returns_the_dequantized_weight_bit_for_bit(spread, seed)
     the GEMM must give mxfp8_dequantize's bf16 bits for every scale (subnormal results at
     spread 135, scale bytes past 240), as the bf16 GEMM on those values does."""
     n, k = 256, 512
-    gen = _generator((n, k, spread), seed)
+    gen = case_generator((n, k, spread), seed)
     weight, values = _weight(gen, 2, n, k, spread)
     a = torch.eye(k, device="cuda").bfloat16().repeat(2, 1)  # expert e's rows select column r
     counts = torch.tensor([k, k], dtype=torch.int32, device="cuda")
@@ -99,7 +90,7 @@ def test_padding_rows_and_repeats(seed):
     """Row sources skip each segment's trailing padding (NaN there stays out, those rows are
     zero) and five launches give the same bits."""
     rows, k, n = [512, 256, 0, 768], 256, 384
-    gen = _generator("padding", seed)
+    gen = case_generator("padding", seed)
     total = sum(rows) + 256
     counts = torch.tensor(rows, dtype=torch.int32, device="cuda")
     source = torch.zeros(total, dtype=torch.int32, device="cuda")
