@@ -240,7 +240,7 @@ __device__ __forceinline__ void quantize_tile(const Params& p, const Tile& t) {
       if constexpr (kNormalOut) store_row_chunk(p.normal, offset, row, chunk, w, scale.e, s_scale);
       if constexpr (kRebasedOut) {
         const uint32_t exponent = source.exponent[pass];
-        // 2^(127 - R) with R <= 254 - 15 (a bf16 row's largest is under 2^128): a normal fp32.
+        // 2^(127 - R) with R <= 255 - 14 (row_exponents' largest, for NaN rows): a normal fp32.
         const float rebase = __uint_as_float((254u - exponent) << 23);
         store_rounded_chunk<true>(p.rounded + offset, w, scale, rebase);
         if (chunk == 0) p.row_exponents[t.m0 + row] = static_cast<uint8_t>(exponent);

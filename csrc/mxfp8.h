@@ -118,8 +118,9 @@ struct RebaseWeightArgs {
 cudaError_t launch_rebase_weight(const RebaseWeightArgs& args, cudaStream_t stream);
 
 // The exponent byte R of each row of bf16 x [rows, cols] (cols a multiple of 8): the biased
-// exponent of the row's largest magnitude minus 15, at least 0, so that x * 2^(127 - R) puts it
-// in [2^15, 2^16) (kind 6's rebased rows; launch_gather_round's src_exponents).
+// exponent of the row's largest magnitude minus 14, at least 0, so that x * 2^(127 - R) puts it
+// in [2^14, 2^15) and its MXFP8 rounding at most at 2^15 (kind 6's rebased rows;
+// launch_gather_round's src_exponents).
 struct RowExponentsArgs {
   const void* x = nullptr;
   void* out = nullptr;  // uint8 [rows]

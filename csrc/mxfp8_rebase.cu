@@ -3,7 +3,8 @@
 // stays under f16's 65504) and each scale block's f16 factor 2^(E - R), in the scale tiles'
 // layout; one thread per weight row, one CTA per 128-row scale tile (a row's 4 bytes of each
 // 128-wide K tile are adjacent: one word read, 8 bytes of factors written). Activations: each
-// bf16 row's R, which puts its largest magnitude in [2^15, 2^16); one warp per row.
+// bf16 row's R, which puts its largest magnitude in [2^14, 2^15): its MXFP8 rounding may round
+// that up to 2^15, still under 65504; one warp per row.
 #include <cstdint>
 
 #include "common/mxfp8_format.hpp"
@@ -18,6 +19,7 @@ constexpr uint32_t kNanByte = 255;       // E8M0's NaN
 constexpr int kWeightHeadroom = 7;       // 448 * 2^7 < 65504
 constexpr uint16_t kHalfNan = 0x7e00;    // torch's f16 NaN
 constexpr int kHalfBias = 15;
+constexpr int kRowHeadroom = 14;  // 2^(E - 127) * 2^(127 - (E - 14)) = 2^14
 constexpr int kRowThreads = 256;
 
 // f16 bits of 2^e: normal from 2^-14, subnormal down to 2^-24, zero below (round to nearest
@@ -57,7 +59,7 @@ __global__ void __launch_bounds__(kTile) weight_factors_kernel(const RebaseWeigh
   }
 }
 
-// R = the biased exponent of the row's largest |x| minus 15 (clamped to 0: zero and subnormal
+// R = the biased exponent of the row's largest |x| minus 14 (clamped to 0: zero and subnormal
 // rows), bf16 bit patterns compared as unsigned magnitudes (NaN's above every number).
 __global__ void __launch_bounds__(kRowThreads) row_exponents_kernel(const RowExponentsArgs args) {
   const int64_t row = int64_t{blockIdx.x} * (kRowThreads / 32) + threadIdx.x / 32;
@@ -76,7 +78,7 @@ __global__ void __launch_bounds__(kRowThreads) row_exponents_kernel(const RowExp
   }
   const int biased = static_cast<int>(max(amax2 & 0xffffu, amax2 >> 16) >> 7);
   if (lane == 0) {
-    static_cast<uint8_t*>(args.out)[row] = static_cast<uint8_t>(max(biased - kHalfBias, 0));
+    static_cast<uint8_t*>(args.out)[row] = static_cast<uint8_t>(max(biased - kRowHeadroom, 0));
   }
 }
 

@@ -223,7 +223,7 @@ layout (2^(E - R), 0 below 2^-24, NaN for E = 255). rows and cols multiples of 1
         py::arg("rows"), py::arg("cols"), py::arg("stream"),
         R"doc(Each row's exponent byte for the f16 GEMM (kind 6) on `stream`: x bf16 [rows, cols]
 (cols a multiple of 8, 16-byte aligned), out uint8 [rows] = max(biased exponent of the row's
-largest |x| - 15, 0).)doc");
+largest |x| - 14, 0): the row's largest times 2^(127 - R) is in [2^14, 2^15).)doc");
 }
 
 }  // namespace mok::api

@@ -4,10 +4,11 @@ Converting E4M3 to bf16 inside the GEMM costs six instructions a pair and ~10% o
 rate; to f16 two (benchmarks/NOTES.md v15, v17). f16 holds every E4M3 value, but not every
 scaled one (2^-24 .. 65504), so each operand row is rebased: a row of activations is stored as
 `values` f16 with one exponent byte R (its values are values * 2^(R - 127)), chosen so that the
-row's largest magnitude lands in [2^15, 2^16); `rebase_weight` rebases each weight row the
-same way from its scale bytes, once per weight, and the GEMM multiplies the sums back. Within
-a row, values more than ~22 binades under its largest lose their low bits (f16's subnormals);
-MXFP8-rounded rows, whose blocks rarely span that much, come out bit for bit as kind 4's.
+row's largest magnitude lands in [2^14, 2^15) (and its MXFP8 rounding at most at 2^15);
+`rebase_weight` rebases each weight row alike from its scale bytes, once per weight, and the
+GEMM multiplies the sums back. Within a row, values more than ~21 binades under its largest
+lose their low bits (f16's subnormals); MXFP8-rounded rows, whose blocks rarely span that
+much, come out bit for bit as kind 4's.
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ class RebasedRows(NamedTuple):
 
 def row_exponents(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """uint8 [R]: each row's exponent byte for bf16 x [R, K] (K a multiple of 8), one kernel
-    pass: the biased exponent of the row's largest magnitude minus 15, at least 0, so that
-    x * 2^(127 - R) puts that magnitude in [2^15, 2^16) (zero rows: 0). `out`: where to write."""
+    pass: the biased exponent of the row's largest magnitude minus 14, at least 0, so that
+    x * 2^(127 - R) puts that magnitude in [2^14, 2^15) (zero rows: 0), and the MXFP8 rounding
+    of the row, which can round it up a binade, at most at 2^15. `out`: where to write."""
     check_tensor("x", x, dtype=torch.bfloat16, shape=[None, None], dims=["R", "K"],
                  device=x.device)  # fmt: skip
     if x.shape[1] % 8:
@@ -50,9 +52,9 @@ def row_exponents(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Ten
 
 def rebase_rows(x: torch.Tensor) -> RebasedRows:
     """bf16 x [R, K] as RebasedRows (exponents by `row_exponents`, with the padding kind 6
-    reads past them); exact for rows whose nonzero magnitudes lie within 2^-17 of the row's
-    largest times their own 8-bit precision (every MXFP8-rounded row whose blocks' scales span
-    at most 22 binades)."""
+    reads past them); exact for rows whose nonzero magnitudes are at least 2^-31 of the row's
+    largest (scaled, their 8 bits stay above f16's subnormal spacing 2^-24): every
+    MXFP8-rounded row whose blocks' scales span at most ~21 binades."""
     storage = torch.empty(x.shape[0] + EXPONENT_PADDING, dtype=torch.uint8, device=x.device)
     exponents = row_exponents(x, storage[: x.shape[0]])
     scale = torch.exp2(127 - exponents.float())[:, None]
