@@ -1,10 +1,9 @@
 // The exponent bytes of the f16 GEMM's rebased rows (gemm/grouped.h's kLinearMxWeightF16).
 // Weights: each row's exponent byte R (its largest scale byte minus 7, so that 448 * 2^(E - R)
 // stays under f16's 65504) and each scale block's f16 factor 2^(E - R), in the scale tiles'
-// layout; one thread per weight row, one CTA per 128-row scale tile (a row's 4 bytes of each
-// 128-wide K tile are adjacent: one word read, 8 bytes of factors written). Activations: each
-// bf16 row's R, which puts its largest magnitude in [2^14, 2^15): its MXFP8 rounding may round
-// that up to 2^15, still under 65504; one warp per row.
+// layout; one CTA per 128-row scale tile. Activations: each bf16 row's R, which puts its
+// largest magnitude in [2^14, 2^15): its MXFP8 rounding may round that up to 2^15, still under
+// 65504; one warp per row.
 #include <cstdint>
 
 #include "common/mxfp8_format.hpp"
@@ -21,6 +20,9 @@ constexpr uint16_t kHalfNan = 0x7e00;    // torch's f16 NaN
 constexpr int kHalfBias = 15;
 constexpr int kRowHeadroom = 14;  // 2^(E - 127) * 2^(127 - (E - 14)) = 2^14
 constexpr int kRowThreads = 256;
+constexpr int kWeightThreads = 256;
+constexpr int kTileWords = kTileScaleBytes / 4;  // 128: one per row of the tile
+constexpr int kStagedTiles = 16;                 // 8 KB of scale bytes in shared memory
 
 // f16 bits of 2^e: normal from 2^-14, subnormal down to 2^-24, zero below (round to nearest
 // even gives 0 for 2^-25, as for anything smaller).
@@ -30,32 +32,65 @@ __device__ __forceinline__ uint16_t half_power(int e) {
   return 0;
 }
 
-__global__ void __launch_bounds__(kTile) weight_factors_kernel(const RebaseWeightArgs args) {
-  const int row = threadIdx.x;
-  const int64_t tile = blockIdx.x;
-  const int k_tiles = static_cast<int>(args.cols / kTile);
-  const int offset = swizzled_scale_offset(row, 0);  // the row's 4 bytes, 4-aligned
-  const auto* scales = static_cast<const uint8_t*>(args.scale) + tile * k_tiles * kTileScaleBytes;
-  int largest = 0;
-  for (int t = 0; t < k_tiles; ++t) {
-    const uint32_t word = *reinterpret_cast<const uint32_t*>(scales + t * kTileScaleBytes + offset);
-    for (int b = 0; b < 4; ++b) {
-      const uint32_t byte = (word >> (8 * b)) & 0xffu;
-      if (byte != kNanByte) largest = max(largest, static_cast<int>(byte));
-    }
+// Row r's 4 scale bytes of a K tile are the 4-byte word (r % 32) * 4 + r / 32 of its 512 bytes
+// (swizzled_scale_offset); the inverse: the row of word w.
+__device__ __forceinline__ int row_of_word(int w) { return w / 4 + 32 * (w % 4); }
+
+// The largest scale byte (255, NaN, left out) among a word's 4.
+__device__ __forceinline__ int largest_byte(uint32_t word, int largest) {
+#pragma unroll
+  for (int b = 0; b < 4; ++b) {
+    const uint32_t byte = (word >> (8 * b)) & 0xffu;
+    if (byte != kNanByte) largest = max(largest, static_cast<int>(byte));
   }
-  const int exponent = max(largest - kWeightHeadroom, 0);
-  static_cast<uint8_t*>(args.row_exponents)[tile * kTile + row] = static_cast<uint8_t>(exponent);
-  auto* factors = static_cast<uint16_t*>(args.factors) + tile * k_tiles * kTileScaleBytes;
-  for (int t = 0; t < k_tiles; ++t) {
-    const uint32_t word = *reinterpret_cast<const uint32_t*>(scales + t * kTileScaleBytes + offset);
-    uint16_t out[4];
+  return largest;
+}
+
+// One CTA per 128-row scale tile row: the K tiles' scale bytes go through shared memory in
+// coalesced 16-byte loads, kStagedTiles at a time, while thread r < 128 keeps row r's largest
+// byte; then every thread turns words of 4 bytes (one row's) into 4 factors, coalesced. A first
+// form, one thread per row walking its 4-byte words 512 bytes apart, was latency-bound.
+__global__ void __launch_bounds__(kWeightThreads)
+    weight_factors_kernel(const RebaseWeightArgs args) {
+  __shared__ uint32_t staged[kStagedTiles * kTileWords];
+  __shared__ int row_exponent[kTile];
+  const int k_tiles = static_cast<int>(args.cols / kTile);
+  const int64_t first_word = int64_t{blockIdx.x} * k_tiles * kTileWords;
+  const auto* words = static_cast<const uint32_t*>(args.scale) + first_word;
+  int largest = 0;
+  for (int t0 = 0; t0 < k_tiles; t0 += kStagedTiles) {
+    const int tiles = min(kStagedTiles, k_tiles - t0);
+    const auto* chunk = reinterpret_cast<const uint4*>(words + t0 * kTileWords);
+    for (int i = threadIdx.x; i < tiles * kTileWords / 4; i += kWeightThreads) {
+      reinterpret_cast<uint4*>(staged)[i] = chunk[i];
+    }
+    __syncthreads();
+    if (threadIdx.x < kTile) {
+      const int word = (threadIdx.x % 32) * 4 + threadIdx.x / 32;
+      for (int t = 0; t < tiles; ++t) {
+        largest = largest_byte(staged[t * kTileWords + word], largest);
+      }
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x < kTile) {
+    const int exponent = max(largest - kWeightHeadroom, 0);
+    row_exponent[threadIdx.x] = exponent;
+    static_cast<uint8_t*>(args.row_exponents)[int64_t{blockIdx.x} * kTile + threadIdx.x] =
+        static_cast<uint8_t>(exponent);
+  }
+  __syncthreads();
+  auto* factors = static_cast<uint2*>(args.factors) + first_word;
+  for (int w = threadIdx.x; w < k_tiles * kTileWords; w += kWeightThreads) {
+    const uint32_t word = words[w];
+    const int exponent = row_exponent[row_of_word(w % kTileWords)];
+    uint32_t out[4];
+#pragma unroll
     for (int b = 0; b < 4; ++b) {
       const uint32_t byte = (word >> (8 * b)) & 0xffu;
       out[b] = byte == kNanByte ? kHalfNan : half_power(static_cast<int>(byte) - exponent);
     }
-    *reinterpret_cast<uint2*>(factors + t * kTileScaleBytes + offset) =
-        make_uint2(out[0] | (uint32_t{out[1]} << 16), out[2] | (uint32_t{out[3]} << 16));
+    factors[w] = make_uint2(out[0] | (out[1] << 16), out[2] | (out[3] << 16));
   }
 }
 
@@ -68,6 +103,7 @@ __global__ void __launch_bounds__(kRowThreads) row_exponents_kernel(const RowExp
   const auto* x = reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(args.x) +
                                                  row * args.cols);
   uint32_t amax2 = 0;
+#pragma unroll 4
   for (int64_t i = lane; i < args.cols / 8; i += 32) {
     const uint4 v = x[i];
     amax2 = __vmaxu2(amax2, __vmaxu2(v.x & kAbsMask2, v.y & kAbsMask2));
@@ -87,7 +123,7 @@ __global__ void __launch_bounds__(kRowThreads) row_exponents_kernel(const RowExp
 cudaError_t launch_rebase_weight(const RebaseWeightArgs& args, cudaStream_t stream) {
   if (args.rows == 0) return cudaSuccess;
   const auto tiles = static_cast<unsigned>(args.rows / kTile);
-  rebase_detail::weight_factors_kernel<<<tiles, kTile, 0, stream>>>(args);
+  rebase_detail::weight_factors_kernel<<<tiles, rebase_detail::kWeightThreads, 0, stream>>>(args);
   return cudaGetLastError();
 }
 
