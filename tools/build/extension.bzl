@@ -81,6 +81,7 @@ EXTENSION_HEADERS = [
     "csrc/gemm/swiglu_epilogue.cuh",
     "csrc/gemm/tables.cuh",
     "csrc/mxfp8.h",
+    "csrc/mxfp8_sources.cuh",
     "csrc/schedule.h",
 ]
 
