@@ -85,10 +85,10 @@ class RebasedWeight(NamedTuple):
 
 def rebase_weight(weight) -> RebasedWeight:
     """An MXFP8 (data, scales) pair as mxfp8_quantize writes it, prepared for `linear_mx_f16`
-    in one pass over its scale bytes (none over its data): each row's exponent byte is its
-    largest scale byte minus 7 (448 * 2^7 < 65504; E8M0's NaN byte 255 left out, at least 0),
-    each block's factor 2^(E - R) in f16 (0 below 2^-24: blocks more than 24 binades under
-    their row's largest; NaN for scale byte 255)."""
+    by one kernel that reads its scale bytes twice and none of its data: each row's exponent
+    byte is its largest scale byte minus 7 (448 * 2^7 < 65504; E8M0's NaN byte 255 left out, at
+    least 0), each block's factor 2^(E - R) in f16 (0 below 2^-24: blocks more than 24 binades
+    under their row's largest; NaN for scale byte 255)."""
     data, scales = cuda_gemm.MxWeight(*weight)
     mxfp8_format._check_matrix("weight.data", data, torch.float8_e4m3fn)
     rows, cols = data.numel() // data.shape[-1], data.shape[-1]
