@@ -112,7 +112,8 @@ __global__ void swiglu_backward_kernel(SwigluBackwardArgs args) {
   const int64_t vectors = args.inter / kVector;
   const bool zero = args.zero_rest;
   if (past_used_rows(args.num_tokens, vectors, zeroed_rest(args.d_gate, zero),
-                     zeroed_rest(args.d_up, zero), zeroed_rest(args.d_hidden, zero))) {
+                     zeroed_rest(args.d_up, zero), zeroed_rest(args.d_hidden, zero),
+                     zeroed_rest(args.scaled_hidden, zero))) {
     if (threadIdx.x == 0) args.d_router_weight[row] = 0.0f;
     return;
   }
@@ -126,7 +127,7 @@ __global__ void swiglu_backward_kernel(SwigluBackwardArgs args) {
     const Bf16x8 gate = load8(args.gate, index);
     const Bf16x8 up = load8(args.up, index);
     const Bf16x8 hidden = load8(args.hidden, index);
-    Bf16x8 d_gate, d_up, d_hidden;
+    Bf16x8 d_gate, d_up, d_hidden, scaled_hidden;
     for (int i = 0; i < kVector; ++i) {
       dot = __fadd_rn(dot, __fmul_rn(dh[i], hidden.get(i)));
       const float scaled = __fmul_rn(rw, dh[i]);
@@ -135,10 +136,12 @@ __global__ void swiglu_backward_kernel(SwigluBackwardArgs args) {
       d_gate.set(i, grad.d_gate);
       d_up.set(i, grad.d_up);
       d_hidden.set(i, scaled);
+      scaled_hidden.set(i, __fmul_rn(rw, hidden.get(i)));  // scale_rows_kernel's product
     }
     store8(args.d_gate, index, d_gate);
     store8(args.d_up, index, d_up);
     store8(args.d_hidden, index, d_hidden);
+    if (args.scaled_hidden != nullptr) store8(args.scaled_hidden, index, scaled_hidden);
   }
   const float total = block_sum(dot, scratch);
   if (threadIdx.x == 0) args.d_router_weight[row] = total;

@@ -36,12 +36,15 @@ struct SwigluBackwardArgs {
   void* d_up = nullptr;              // bf16 [rows, inter] out
   void* d_hidden = nullptr;          // bf16 [rows, inter] out: rw * d_h
   float* d_router_weight = nullptr;  // fp32 [rows] out: sum_i d_h * hidden
+  // Optional bf16 [rows, inter] out: bf16(rw * hidden), the BF16 down weight gradient's rows
+  // (what scale_rows of hidden writes), while hidden is loaded anyway; null skips it.
+  void* scaled_hidden = nullptr;
   const int32_t* num_tokens = nullptr;
   int64_t rows = 0;
   int64_t inter = 0;
   bool has_limit = false;
   float limit = 0.0f;
-  bool zero_rest = true;  // false: d_gate, d_up, d_hidden rows past num_tokens are left as they are
+  bool zero_rest = true;  // false: the bf16 outputs' rows past num_tokens are left as they are
 };
 
 struct ScaleRowsArgs {

@@ -74,7 +74,7 @@ inline void swiglu_backward(uintptr_t d_h, uintptr_t router_weight, uintptr_t ga
                             uintptr_t hidden, uintptr_t d_gate, uintptr_t d_up,
                             uintptr_t d_hidden, uintptr_t d_router_weight, uintptr_t num_tokens,
                             int64_t rows, int64_t inter, bool has_limit, float limit,
-                            bool zero_rest, uintptr_t stream) {
+                            bool zero_rest, uintptr_t stream, uintptr_t scaled_hidden) {
   namespace check = expert_checks;
   experts::SwigluBackwardArgs args;
   check::swiglu_shape(args, num_tokens, rows, inter, has_limit, limit);
@@ -87,6 +87,7 @@ inline void swiglu_backward(uintptr_t d_h, uintptr_t router_weight, uintptr_t ga
   args.d_up = check::out<void>("d_up", d_up);
   args.d_hidden = check::out<void>("d_hidden", d_hidden);
   args.d_router_weight = check::out<float>("d_router_weight", d_router_weight, 4);
+  if (scaled_hidden != 0) args.scaled_hidden = check::out<void>("scaled_hidden", scaled_hidden);
   args.zero_rest = zero_rest;
   check_cuda(experts::launch_swiglu_backward(args, reinterpret_cast<cudaStream_t>(stream)),
              "swiglu_backward kernel launch");
@@ -119,12 +120,13 @@ inline void bind_experts(pybind11::module_& m) {
         py::arg("gate"), py::arg("up"), py::arg("hidden"), py::arg("d_gate"), py::arg("d_up"),
         py::arg("d_hidden"), py::arg("d_router_weight"), py::arg("num_tokens"), py::arg("rows"),
         py::arg("inter"), py::arg("has_limit"), py::arg("limit"), py::arg("zero_rest"),
-        py::arg("stream"),
+        py::arg("stream"), py::arg("scaled_hidden") = 0,
         R"doc(SwiGLU backward of rw * d_h and the router-weight gradient, per routed row.
 
 d_h fp32 [rows, inter]; router_weight fp32 [rows]; gate, up, hidden bf16 [rows, inter].
 Writes d_gate, d_up, d_hidden = bf16(rw * d_h) and d_router_weight[r] = sum_i d_h * hidden
-(fp32, fixed order); rows >= *num_tokens get d_router_weight 0 and, when zero_rest, zeros in
+(fp32, fixed order); with a non-zero scaled_hidden also bf16(rw * hidden) there (scale_rows of
+hidden, bit for bit). Rows >= *num_tokens get d_router_weight 0 and, when zero_rest, zeros in
 the other outputs (else those rows are left untouched).)doc");
   m.def("scale_rows", &scale_rows, py::arg("x"), py::arg("weight"), py::arg("out"),
         py::arg("num_tokens"), py::arg("rows"), py::arg("cols"), py::arg("zero_rest"),

@@ -97,16 +97,22 @@ def swiglu_mxfp8(gate, up, num_tokens: torch.Tensor, limit: float | None, zero_r
     return hidden, hidden_t, gate_q, up_q
 
 
+_SWIGLU_BACKWARD_OUTPUTS = ("d_gate", "d_up", "d_hidden", "scaled_hidden")
+
+
 def swiglu_backward(
-    d_h, router_weight, gate, up, hidden, num_tokens, limit: float | None, zero_rest: bool = True
-):
+    d_h, router_weight, gate, up, hidden, num_tokens, limit: float | None, zero_rest: bool = True,
+    *, scale_hidden: bool = False,
+):  # fmt: skip
     """(d_router_weight fp32 [R], d_gate, d_up, d_hidden bf16 [R, I]) from fp32 d_h [R, I]; rows
-    past num_tokens get d_router_weight 0 and zeros elsewhere, or (not `zero_rest`) nothing."""
+    past num_tokens get d_router_weight 0 and zeros elsewhere, or (not `zero_rest`) nothing.
+    `scale_hidden` appends `scale_rows(hidden, router_weight)` (bit for bit), written in the same
+    pass, which reads hidden anyway."""
     inter = gate.shape[-1] if isinstance(gate, torch.Tensor) else None
     given = {"gate": gate, "up": up, "hidden": hidden, "d_h": d_h}
     _check_rows({**given, "router_weight": router_weight, "num_tokens": num_tokens}, [inter], "R I")
     gate, up, hidden = _bf16(gate), _bf16(up), _bf16(hidden)
-    d_gate, d_up, d_hidden = (torch.empty_like(gate) for _ in range(3))
+    outputs = [torch.empty_like(gate) for _ in range(4 if scale_hidden else 3)]
     d_router_weight = torch.empty(gate.shape[0], dtype=torch.float32, device=gate.device)
     tensors = {
         "d_h": _extension.aligned(d_h.float()),
@@ -114,15 +120,13 @@ def swiglu_backward(
         "gate": gate,
         "up": up,
         "hidden": hidden,
-        "d_gate": d_gate,
-        "d_up": d_up,
-        "d_hidden": d_hidden,
+        **dict(zip(_SWIGLU_BACKWARD_OUTPUTS[: len(outputs)], outputs, strict=True)),
         "d_router_weight": d_router_weight,
         "num_tokens": num_tokens,
     }
     _launch("swiglu_backward", tensors, rows=gate.shape[0], inter=gate.shape[1],
             zero_rest=zero_rest, **_limit(limit))  # fmt: skip
-    return d_router_weight, d_gate, d_up, d_hidden
+    return (d_router_weight, *outputs)
 
 
 def scale_rows(

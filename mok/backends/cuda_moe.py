@@ -146,10 +146,12 @@ class HopperGemms(CudaMxfp8, ExpertEngine):
     def swiglu(self, gate: torch.Tensor, up: torch.Tensor, limit: float | None) -> torch.Tensor:
         return cuda_experts.swiglu(gate, up, self.num_tokens, limit, zero_rest=False)
 
-    def swiglu_backward(self, d_h, rw, gate, up, hidden, limit: float | None):
+    def swiglu_backward(self, d_h, rw, gate, up, hidden, limit: float | None, *,
+                        scale_hidden=False):  # fmt: skip
         return cuda_experts.swiglu_backward(
-            d_h, rw, gate, up, hidden, self.num_tokens, limit, zero_rest=False
-        )
+            d_h, rw, gate, up, hidden, self.num_tokens, limit, zero_rest=False,
+            scale_hidden=scale_hidden,
+        )  # fmt: skip
 
     def scale_rows(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         # The scaled d_out rows feed the weight gradients, which read the segments only.

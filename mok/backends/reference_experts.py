@@ -77,12 +77,16 @@ class ExpertEngine:
         return swiglu(gate, up, limit).to(torch.bfloat16)
 
     @staticmethod
-    def swiglu_backward(d_h, rw, gate, up, hidden, limit: float | None):
-        """(d_router_weight fp32, d_gate, d_up, d_hidden bf16) from the unscaled fp32 d_h."""
+    def swiglu_backward(d_h, rw, gate, up, hidden, limit: float | None, *, scale_hidden=False):
+        """(d_router_weight fp32, d_gate, d_up, d_hidden bf16) from the unscaled fp32 d_h, and
+        with `scale_hidden` also `scale_rows(hidden, rw)`: the BF16 down weight gradient's
+        rows, which a kernel writes while it reads hidden for d_router_weight."""
         d_router_weight = (d_h * hidden.float()).sum(-1)
         d_scaled = rw[:, None] * d_h
         d_gate, d_up = swiglu_backward(d_scaled, gate, up, limit)
-        bf16 = (t.to(torch.bfloat16) for t in (d_gate, d_up, d_scaled))
+        bf16 = [t.to(torch.bfloat16) for t in (d_gate, d_up, d_scaled)]
+        if scale_hidden:
+            bf16.append(ExpertEngine.scale_rows(hidden, rw))
         return (d_router_weight, *bf16)
 
     @staticmethod
@@ -269,19 +273,27 @@ def _backward_tail(d_h, d_out, rw, x, gate, up, hidden, weights, gemm, limit, mx
     unit = rw is None
     if unit:
         rw = d_h.new_ones(d_h.shape[0], dtype=torch.float32)
-    d_router_weight, d_gate, d_up, d_hidden = gemm.swiglu_backward(d_h, rw, gate, up, hidden, limit)
+    # BF16 puts rw on hidden's rows instead of d_out's for d_W_down (the same sum; [rows, I]
+    # moved instead of [rows, H]), written by the SwiGLU backward, which reads hidden anyway.
+    scale_hidden = not (mx or unit)
+    d_router_weight, d_gate, d_up, d_hidden, *scaled = gemm.swiglu_backward(
+        d_h, rw, gate, up, hidden, limit, scale_hidden=scale_hidden
+    )
     dgrad_in = (gemm.mx_round(d_gate), gemm.mx_round(d_up)) if mx else (d_gate, d_up)
     dgrad_terms = ((dgrad_in[0], w_gate.transpose(1, 2)), (dgrad_in[1], w_up.transpose(1, 2)))
     d_x = gemm.linear_sum(dgrad_terms).to(torch.bfloat16)
-    weight_grads = WeightGrads(gemm, (d_gate, d_up, d_out), None if unit else rw, x, hidden, mx)
+    weight_grads = WeightGrads(gemm, (d_gate, d_up, d_out), None if unit else rw, x,
+                               scaled[0] if scale_hidden else hidden, mx)  # fmt: skip
     return (d_x, d_router_weight, d_gate, d_up, d_hidden), weight_grads
 
 
 class WeightGrads:
     """The weight gradients (d_W_gate, d_W_up, d_W_down) bf16 of one backward, computed when
-    called. `prepare()` runs the elementwise passes their inputs need first (d_out scaled by the
-    router weights; in MXFP8 the row-blocked rounding), so a pass can enqueue those beside a
-    background exchange and the GEMMs after it; calling prepares whatever is not yet."""
+    called. `hidden` is d_W_down's other operand: in BF16 hidden's rows already scaled by the
+    router weights (the SwiGLU backward writes them), in MXFP8 hidden itself. `prepare()` runs
+    the elementwise passes the MXFP8 inputs need first (d_out scaled by the router weights, the
+    row-blocked rounding), so a pass can enqueue those beside a background exchange and the
+    GEMMs after it; calling prepares whatever is not yet."""
 
     def __init__(self, gemm, grads, rw, x, hidden, mx: bool):
         self.gemm, self.grads, self.rw, self.mx = gemm, grads, rw, mx
@@ -292,17 +304,13 @@ class WeightGrads:
         if self._inputs is not None:
             return
         d_gate, d_up, d_out = self.grads
-        rw, hidden = self.rw, self.hidden  # rw None: unit weights (the shared expert)
         if self.mx:  # q_T(bf16(rw * d_out)): the rows-rounding needs the scaled rows themselves
+            rw = self.rw  # None: unit weights (the shared expert)
             d_y = d_out.to(torch.bfloat16) if rw is None else self.gemm.scale_rows(d_out, rw)
             inputs = tuple(self.gemm.mx_round_rows(t) for t in (d_gate, d_up, d_y))
-            self._inputs = (*inputs, hidden)
+            self._inputs = (*inputs, self.hidden)
             return
-        # BF16 puts rw on hidden's rows instead of d_out's: the same sum, and the scaling pass
-        # moves [rows, I] instead of [rows, H] (I < H in every model mok targets).
-        if rw is not None:
-            hidden = self.gemm.scale_rows(hidden, rw)
-        self._inputs = (d_gate, d_up, d_out.to(torch.bfloat16), hidden)
+        self._inputs = (d_gate, d_up, d_out.to(torch.bfloat16), self.hidden)
 
     def __call__(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         self.prepare()

@@ -86,6 +86,10 @@ class LoggedGemms(experts.MaskedGemms):
         self.engine.log.append(("routed scale_rows", self.engine.pending))
         return super().scale_rows(x, weight)
 
+    def swiglu_backward(self, d_h, rw, gate, up, hidden, limit, *, scale_hidden=False):
+        self.engine.log.append((f"routed swiglu_backward scale_hidden={scale_hidden}", False))
+        return super().swiglu_backward(d_h, rw, gate, up, hidden, limit, scale_hidden=scale_hidden)
+
     def weight_grads(self, pairs):
         assert not self.engine.pending, "routed weight gradients before the push joined"
         self.engine.log.append(("routed weight_grads", False))
@@ -156,14 +160,25 @@ def test_mxfp8_pulls_run_beside_the_dequantization():
 
 
 def test_routed_wgrad_inputs_are_prepared_beside_the_push():
-    """The router-weighted rows (hidden's in BF16) are computed while the background push runs
-    (the comm stream's fork is pending), the routed weight-gradient GEMMs only after it joined."""
-    log = _run_step(moe.MIN_SHARED_INTER_PER_TOPK).log
+    """MXFP8: the router-weighted d_out rows (and their rounding) are computed while the
+    background push runs (the comm stream's fork is pending), the routed weight-gradient GEMMs
+    only after it joined."""
+    log = _run_step(moe.MIN_SHARED_INTER_PER_TOPK, mxfp8=True).log
     kinds = [kind for kind, _ in log]
     scale = kinds.index("routed scale_rows")
     assert log[scale] == ("routed scale_rows", True)
     assert kinds.index("push d_x_routed_buffer") < scale < kinds.index("routed weight_grads")
     assert "join" in kinds[scale : kinds.index("routed weight_grads")]
+
+
+def test_bf16_hidden_rows_are_scaled_by_the_swiglu_backward():
+    """BF16: d_W_down's router-weighted hidden rows come from the SwiGLU backward's pass, so no
+    scaling pass runs before the weight gradients; MXFP8 scales d_out's rows instead."""
+    kinds = [kind for kind, _ in _run_step(moe.MIN_SHARED_INTER_PER_TOPK).log]
+    assert "routed swiglu_backward scale_hidden=True" in kinds
+    assert "routed scale_rows" not in kinds
+    mx_kinds = [kind for kind, _ in _run_step(None, mxfp8=True).log]
+    assert "routed swiglu_backward scale_hidden=False" in mx_kinds
 
 
 def test_each_pass_asks_for_three_barriers():

@@ -67,6 +67,11 @@ def test_swiglu_backward_and_router_weight_grad(case, seed):
         _close(g, r, used)
     again = cuda_experts.swiglu_backward(d_h, rw, gate, up, hidden, num_tokens, limit)
     assert all(torch.equal(a, b) for a, b in zip(got, again, strict=True)), "not reproducible"
+    # scale_hidden: the same outputs and, written in the same pass, scale_rows of hidden.
+    *same, scaled = cuda_experts.swiglu_backward(d_h, rw, gate, up, hidden, num_tokens, limit,
+                                                 scale_hidden=True)  # fmt: skip
+    assert all(torch.equal(a, b) for a, b in zip(got, same, strict=True)), "scale_hidden changed"
+    assert torch.equal(scaled, cuda_experts.scale_rows(hidden, rw, num_tokens)), "scaled hidden"
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
@@ -102,7 +107,8 @@ def test_rows_past_num_tokens_stay_untouched_without_zero_rest(case, seed):
     _, rand, gate, up, num_tokens = _data(case, seed)
     d_h, rw = rand(rows, inter, scale=1.0), rand(rows, scale=1.0)
     hidden = cuda_experts.swiglu(gate, up, num_tokens, limit)
-    full = cuda_experts.swiglu_backward(d_h, rw, gate, up, hidden, num_tokens, limit)
+    full = cuda_experts.swiglu_backward(d_h, rw, gate, up, hidden, num_tokens, limit,
+                                        scale_hidden=True)  # fmt: skip
     module = _extension.module_for_device(gate.device)
     stream = torch.cuda.current_stream().cuda_stream
     poison = float("nan")
@@ -111,12 +117,14 @@ def test_rows_past_num_tokens_stay_untouched_without_zero_rest(case, seed):
                   rows, inter, limit is not None, limit or 0.0, False, stream)  # fmt: skip
     outs = [torch.full_like(t, poison) for t in full]
     module.swiglu_backward(d_h.data_ptr(), rw.data_ptr(), gate.data_ptr(), up.data_ptr(),
-                           hidden.data_ptr(), *(t.data_ptr() for t in outs[1:]),
+                           hidden.data_ptr(), *(t.data_ptr() for t in outs[1:4]),
                            outs[0].data_ptr(), num_tokens.data_ptr(), rows, inter,
-                           limit is not None, limit or 0.0, False, stream)  # fmt: skip
+                           limit is not None, limit or 0.0, False, stream,
+                           scaled_hidden=outs[4].data_ptr())  # fmt: skip
     assert torch.equal(kept_hidden[:used], hidden[:used]) and kept_hidden[used:].isnan().all()
     assert torch.equal(outs[0], full[0]), "d_router_weight"
-    for name, got, want in zip(("d_gate", "d_up", "d_hidden"), outs[1:], full[1:], strict=True):
+    names = ("d_gate", "d_up", "d_hidden", "scaled_hidden")
+    for name, got, want in zip(names, outs[1:], full[1:], strict=True):
         assert torch.equal(got[:used], want[:used]), name
         assert got[used:].isnan().all(), f"{name}: rows past num_tokens were written"
 
