@@ -121,8 +121,14 @@ __device__ __forceinline__ void quantize_tile_at(const Params& p, int64_t id) {
 // One tile per CTA, or, for a source that takes turns (Source::kInTurns), tiles blockIdx.x +
 // k * gridDim.x. Only the gathering source loops: the loop cost the other forms registers (the
 // rows-rounding one went from 64 to 152).
+// The rebased gather holds 64 registers for 4 CTAs per SM, as the plain one (60) does: left
+// to itself it took 80 (3 CTAs per SM) and ran 20-30% slower (NOTES v17, v18).
+template <int kLayouts>
+constexpr int kMinCtasPerSm = (kLayouts & kRebased) != 0 ? 4 : 1;
+
 template <class Source, int kLayouts>
-__global__ void __launch_bounds__(kThreads) quantize_kernel(const Params p) {
+__global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kLayouts>)
+    quantize_kernel(const Params p) {
   if constexpr (!Source::kInTurns) {
     quantize_tile_at<Source, kLayouts>(p, blockIdx.x);
   } else {

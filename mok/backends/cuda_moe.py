@@ -344,18 +344,19 @@ class CudaEngine:
         self, name: str, schedule, gemm, background: bool = False, *, sync=(True, True)
     ):
         """A callable giving `gemm.mx_round_both` of `self.pull(name, schedule)`'s rows; call
-        it after the join. Within one GPU (EP 1) the pull is a local gather that competes with
-        any background work for memory bandwidth, so it pulls and rounds in one pass (one kernel,
-        cuda_comm_mxfp8; the routed GEMM engines here round as it does, CudaMxfp8) and now,
-        as f16 rows rebased per row (cuda_rebased.RebasedRows) for an engine whose GEMMs read
-        them (`reads_rebased_rows`); across GPUs the pull waits on NVLink, which background
-        work hides, so it pulls (in the background if asked) and rounds when called."""
-        if self.ws.ep_size == 1:
+        it after the join. In the foreground it pulls and rounds in one pass (one kernel,
+        cuda_comm_mxfp8; the routed GEMM engines here round as it does, CudaMxfp8), so the
+        pulled bf16 rows are never stored and read back; at EP 1, for an engine whose GEMMs
+        read them (`reads_rebased_rows`), as f16 rows rebased per row (cuda_rebased.RebasedRows).
+        In the background (beside an engine's weight dequantization) it pulls on a few CTAs
+        and rounds when called: the one-pass kernel on a limited grid was 0.2-0.5 ms slower
+        there (NOTES v10)."""
+        if self.ws.ep_size == 1 or not background:
             before, after = sync
+            rebased = self.ws.ep_size == 1 and getattr(gemm, "reads_rebased_rows", False)
             rounded = cuda_comm_mxfp8.pull_round(
-                self.ws, name, schedule, sync_before=before, sync_after=after,
-                rebased=getattr(gemm, "reads_rebased_rows", False),
-            )  # fmt: skip
+                self.ws, name, schedule, sync_before=before, sync_after=after, rebased=rebased
+            )
             return lambda: rounded
         rows = self.pull(name, schedule, background, sync=sync)
         return lambda: gemm.mx_round_both(rows)
