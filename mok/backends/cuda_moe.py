@@ -89,11 +89,11 @@ class HopperGemms(CudaMxfp8, ExpertEngine):
         self.num_tokens = schedule[2]
         self.num_experts = num_experts
         self.swiglu_epilogue = _swiglu_epilogue()
-        # The MXFP8 forward's gate/up GEMM on f16 rows rebased per row (kind 6; pull_rounded
-        # writes them at EP 1; the same bits as kind 4 on bf16 rows): 0.14-0.16 ms faster on
-        # the DSV4-Pro-like forward, about even on the Qwen-like ones, once the rebased pull ran
-        # at the plain one's occupancy (1x H200, benchmarks/NOTES.md v18). MOK_MXFP8_F16=0: kind 4.
-        self.reads_rebased_rows = _choice("MOK_MXFP8_F16", ("0", "1"), "1") == "1"
+        # MOK_MXFP8_F16=1: the MXFP8 forward's gate/up GEMM on f16 rows rebased per row (kind
+        # 6; pull_rounded writes them at EP 1) instead of bf16 rows (kind 4). Off by default:
+        # the GEMM is 0.06-0.13 ms faster, but the rebased pull, the weights' preparation and
+        # their host work take that back on 1x H200 (benchmarks/NOTES.md v17).
+        self.reads_rebased_rows = _choice("MOK_MXFP8_F16", ("0", "1"), "0") == "1"
 
     mx_weights_as_stored = True
 

@@ -272,8 +272,8 @@ def test_swiglu_epilogue_changes_no_bit(nccl_group, monkeypatch, case):
 
 @pytest.mark.parametrize("case", ["dsv4-like", "smallest"])
 def test_mxfp8_f16_rows_change_no_bit(nccl_group, monkeypatch, case):
-    """The MXFP8 forward's gate/up GEMM on f16 rows rebased per row (kind 6, the default at EP
-    1) gives the bits of kind 4 on bf16 rows (MOK_MXFP8_F16=0) for the whole step."""
+    """The MXFP8 forward's gate/up GEMM on f16 rows rebased per row (kind 6, MOK_MXFP8_F16=1,
+    at EP 1) gives the bits of kind 4 on bf16 rows (the default) for the whole step."""
     target = (cuda_rebased, "linear_mx_f16")
     ran, ws = _switch_changes_no_bit(nccl_group, monkeypatch, case, "mxfp8", "MOK_MXFP8_F16",
                                      target)  # fmt: skip
