@@ -121,14 +121,8 @@ __device__ __forceinline__ void quantize_tile_at(const Params& p, int64_t id) {
 // One tile per CTA, or, for a source that takes turns (Source::kInTurns), tiles blockIdx.x +
 // k * gridDim.x. Only the gathering source loops: the loop cost the other forms registers (the
 // rows-rounding one went from 64 to 152).
-// The rebased gather holds 64 registers for 4 CTAs per SM, as the plain one (60) does: left
-// to itself it took 80 (3 CTAs per SM) and ran 20-30% slower (NOTES v17, v18).
-template <int kLayouts>
-constexpr int kMinCtasPerSm = (kLayouts & kRebased) != 0 ? 4 : 1;
-
 template <class Source, int kLayouts>
-__global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kLayouts>)
-    quantize_kernel(const Params p) {
+__device__ __forceinline__ void quantize_tiles(const Params& p) {
   if constexpr (!Source::kInTurns) {
     quantize_tile_at<Source, kLayouts>(p, blockIdx.x);
   } else {
@@ -139,12 +133,31 @@ __global__ void __launch_bounds__(kThreads, kMinCtasPerSm<kLayouts>)
   }
 }
 
+template <class Source, int kLayouts>
+__global__ void __launch_bounds__(kThreads) quantize_kernel(const Params p) {
+  quantize_tiles<Source, kLayouts>(p);
+}
+
+// The rebased gather held to 64 registers, 4 CTAs per SM, as the plain one (60) is by itself:
+// left alone it took 80 (3 CTAs per SM) and ran 20-30% slower (1x H200, NOTES v17, v18). A
+// separate kernel because an explicit minimum of 1 CTA per SM is not the same as none: it let
+// ptxas give the other forms 92-96 registers (2 CTAs per SM).
+template <class Source, int kLayouts>
+__global__ void __launch_bounds__(kThreads, 4) quantize_kernel_4_per_sm(const Params p) {
+  quantize_tiles<Source, kLayouts>(p);
+}
+
 // One CTA per tile, or `ctas` CTAs taking the tiles in turn (an exchange in the background of
 // other work keeps to a few SMs).
 template <class Source, int kLayouts>
 cudaError_t launch(const Params& p, cudaStream_t stream, int64_t ctas = 0) {
   const int64_t grid = ctas > 0 && ctas < p.tiles ? ctas : p.tiles;
-  quantize_kernel<Source, kLayouts><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(p);
+  const auto blocks = static_cast<unsigned>(grid);
+  if constexpr ((kLayouts & kRebased) != 0) {
+    quantize_kernel_4_per_sm<Source, kLayouts><<<blocks, kThreads, 0, stream>>>(p);
+  } else {
+    quantize_kernel<Source, kLayouts><<<blocks, kThreads, 0, stream>>>(p);
+  }
   return cudaGetLastError();
 }
 
