@@ -91,8 +91,9 @@ class HopperGemms(CudaMxfp8, ExpertEngine):
         self.swiglu_epilogue = _swiglu_epilogue()
         # MOK_MXFP8_F16=1: the MXFP8 forward's gate/up GEMM on f16 rows rebased per row (kind
         # 6; pull_rounded writes them at EP 1) instead of bf16 rows (kind 4). Off by default:
-        # the GEMM is 0.06-0.13 ms faster, but the rebased pull, the weights' preparation and
-        # their host work take that back on 1x H200 (benchmarks/NOTES.md v17).
+        # on 1x H200 it makes the DSV4-Pro-like forward 0.10-0.15 ms faster, but the host-bound
+        # Qwen-like ones slower, its weights' preparation launches and their host work keeping
+        # the GPU waiting (benchmarks/NOTES.md v17, v18).
         self.reads_rebased_rows = _choice("MOK_MXFP8_F16", ("0", "1"), "0") == "1"
 
     mx_weights_as_stored = True
