@@ -138,14 +138,21 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const Params p) {
   quantize_tiles<Source, kLayouts>(p);
 }
 
-// The rebased gather held to 64 registers, 4 CTAs per SM, as the plain one (60) is by itself:
-// left alone it took 80 (3 CTAs per SM) and ran 20-30% slower (1x H200, NOTES v17, v18). A
-// separate kernel because an explicit minimum of 1 CTA per SM is not the same as none: it let
-// ptxas give the other forms 92-96 registers (2 CTAs per SM).
-template <class Source, int kLayouts>
-__global__ void __launch_bounds__(kThreads, 4) quantize_kernel_4_per_sm(const Params p) {
+// A kernel with an explicit minimum of CTAs per SM, for the forms that ptxas would otherwise
+// give more registers than that occupancy allows. A separate kernel because an explicit
+// minimum of 1 is not the same as none: it let ptxas give the other forms 92-96 registers
+// (2 CTAs per SM; NOTES v18).
+template <class Source, int kLayouts, int kMinCtas>
+__global__ void __launch_bounds__(kThreads, kMinCtas) quantize_kernel_bounded(const Params p) {
   quantize_tiles<Source, kLayouts>(p);
 }
+
+// CTAs per SM a form is held to, 0 for none. The rebased gather: 4 (64 registers), as the
+// plain one (60) is by itself; left alone it took 80 and ran 20-30% slower (1x H200, NOTES
+// v17, v18). The SwiGLU step: 3 (80 registers); without the clamp's per-element work
+// (SwigluSource<false>) ptxas took 86, which leaves 2.
+template <class Source, int kLayouts>
+constexpr int kMinCtasPerSm = (kLayouts & kRebased) != 0 ? 4 : Source::kMinCtas;
 
 // One CTA per tile, or `ctas` CTAs taking the tiles in turn (an exchange in the background of
 // other work keeps to a few SMs).
@@ -153,8 +160,9 @@ template <class Source, int kLayouts>
 cudaError_t launch(const Params& p, cudaStream_t stream, int64_t ctas = 0) {
   const int64_t grid = ctas > 0 && ctas < p.tiles ? ctas : p.tiles;
   const auto blocks = static_cast<unsigned>(grid);
-  if constexpr ((kLayouts & kRebased) != 0) {
-    quantize_kernel_4_per_sm<Source, kLayouts><<<blocks, kThreads, 0, stream>>>(p);
+  constexpr int kMin = kMinCtasPerSm<Source, kLayouts>;
+  if constexpr (kMin > 0) {
+    quantize_kernel_bounded<Source, kLayouts, kMin><<<blocks, kThreads, 0, stream>>>(p);
   } else {
     quantize_kernel<Source, kLayouts><<<blocks, kThreads, 0, stream>>>(p);
   }
@@ -238,7 +246,9 @@ cudaError_t launch_swiglu_quantize(const SwigluQuantizeArgs& args, cudaStream_t 
   p.used_rows = args.used_rows;
   if (p.tiles == 0) return cudaSuccess;
   using detail::SwigluSource, detail::kRounded, detail::kTransposed;
-  return detail::launch<SwigluSource, kRounded | kTransposed>(p, stream);
+  constexpr int kLayouts = kRounded | kTransposed;
+  return p.has_limit ? detail::launch<SwigluSource<true>, kLayouts>(p, stream)
+                     : detail::launch<SwigluSource<false>, kLayouts>(p, stream);
 }
 
 }  // namespace mok::mxfp8

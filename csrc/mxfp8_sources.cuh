@@ -74,6 +74,7 @@ struct RegisterRows {
 // The tile's rows as they are in x.
 struct LoadSource : RegisterRows {
   static constexpr bool kInTurns = false;
+  static constexpr int kMinCtas = 0;  // CTAs per SM held to (mxfp8.cu), 0: none
 
   __device__ LoadSource(const Params& p, const Tile& t, int row0, int chunk) {
 #pragma unroll
@@ -90,6 +91,7 @@ struct LoadSource : RegisterRows {
 // kernel.
 struct GatherSource : RegisterRows {
   static constexpr bool kInTurns = true;
+  static constexpr int kMinCtas = 0;  // CTAs per SM held to (mxfp8.cu), 0: none
   uint32_t exponent[kPasses];  // kRebased: each pass's row's exponent byte (0: padding)
 
   __device__ GatherSource(const Params& p, const Tile& t, int row0, int chunk) {
@@ -135,8 +137,12 @@ struct GatherSource : RegisterRows {
 // passes: a pass's 4 x 16 B are issued as soon as the pass two before it is consumed, so loads
 // stay in flight during the SwiGLU math (loading all 4 passes up front took 109 registers, 2
 // CTAs per SM, and 0.370 ms on 1x H200 for 27648 x 3072, against 80 registers and 0.325 ms).
+// kLimit: whether a limit is set (Params::has_limit), a template argument so that the common
+// unclamped form carries no per-element clamp or flag test.
+template <bool kLimit>
 struct SwigluSource {
   static constexpr bool kInTurns = false;
+  static constexpr int kMinCtas = 3;  // CTAs per SM held to (mxfp8.cu), 0: none
   static constexpr int kSlots = 2;
   struct Shared {
     alignas(16) uint8_t gate_scale[kTileScaleBytes];
@@ -188,7 +194,7 @@ struct SwigluSource {
   }
 
   __device__ static float swiglu_value(float gate, float up, const Params& p) {
-    return experts::swiglu_value(gate, up, p.has_limit, p.limit);
+    return experts::swiglu_value(gate, up, kLimit, p.limit);
   }
 };
 
