@@ -75,31 +75,6 @@ __device__ __forceinline__ float rounded_value_fast(float x, uint32_t floor_bits
   return __uint_as_float(__float_as_uint(rounded) | (bits & 0x80000000u));
 }
 
-// Packed form, for a block the fast form covers whose elements are all in E4M3's normal range
-// (|x| >= 2^(e-6): none rounds onto the subnormal grid): rounding to E4M3's grid is then keeping
-// 3 of bf16's 7 mantissa bits, to nearest even, which integer arithmetic does on both halves of
-// a packed pair at once: add 7 plus the lowest kept bit below it, clear the 4 dropped bits (a
-// carry out of the mantissa steps the exponent up, as rounding does). No carry leaves a half:
-// a finite half is at most 0xff7f. Four instructions a pair against the fast form's ~15.
-constexpr uint32_t kRoundBias2 = 0x00070007u;    // 2^3 - 1 below the kept bits, per half
-constexpr uint32_t kKeptLowBit2 = 0x00010001u;   // the lowest kept bit, shifted down 4
-constexpr uint32_t kKeptBits2 = 0xfff0fff0u;     // sign, exponent and 3 mantissa bits
-__device__ __forceinline__ uint32_t round_normal_bf16x2(uint32_t word) {
-  return (word + kRoundBias2 + ((word >> 4) & kKeptLowBit2)) & kKeptBits2;
-}
-
-// Whether every half of `words` has |x| >= the floor fast_floor_bits(e, ...) gives (bf16
-// magnitudes compare as unsigned integers; the floor has no mantissa bits), i.e. the packed form
-// covers the chunk. floor_bits 0 (the fast form does not cover the block) gives false.
-template <int kWords>
-__device__ __forceinline__ bool all_normal(const uint32_t (&words)[kWords], uint32_t floor_bits) {
-  uint32_t least = 0xffffffffu;
-#pragma unroll
-  for (int i = 0; i < kWords; ++i) least = __vminu2(least, words[i] & kAbsMask2);
-  const uint32_t floor16 = floor_bits >> 16;
-  return floor16 != 0 && min(least & 0xffffu, least >> 16) >= floor16;
-}
-
 // Two fp32 values as one packed bf16 pair (round to nearest even), the first in the low half.
 __device__ __forceinline__ uint32_t pack_bf16x2(float first, float second) {
   const __nv_bfloat162 pair = __floats2bfloat162_rn(first, second);

@@ -161,10 +161,7 @@ __device__ __forceinline__ void store_rounded_chunk(uint16_t* dst,
     return exact_bf16 ? pack_exact_bf16x2(first, second) : pack_bf16x2(first, second);
   };
   uint32_t packed[kWordsPerChunk];
-  if (!kF16 && all_normal(w, scale.floor_bits)) {  // the common case: ~4x fewer instructions
-#pragma unroll
-    for (int j = 0; j < kWordsPerChunk; ++j) packed[j] = round_normal_bf16x2(w[j]);
-  } else if (scale.floor_bits != 0) {
+  if (scale.floor_bits != 0) {
 #pragma unroll
     for (int j = 0; j < kWordsPerChunk; ++j) {
       packed[j] = pack(rounded_value_fast(bf16_lo(w[j]), scale.floor_bits),

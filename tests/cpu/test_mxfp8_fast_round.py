@@ -1,5 +1,5 @@
-"""The CUDA kernels' fast MXFP8 rounding forms (csrc/common/mxfp8_round.cuh) against the
-reference, for every finite bf16 value and every scale exponent the forms cover.
+"""The CUDA kernels' fast MXFP8 rounding form (csrc/common/mxfp8_round.cuh) against the
+reference, for every finite bf16 value and every scale exponent the form covers.
 
 The kernels round the elements of most blocks to what a GEMM reads (bf16 of the E4M3 element
 times 2^e) with `(|x| + c) - c`, c = 2^(max(E_x, e - 6) + 20), in fp32 with round to nearest
@@ -33,12 +33,6 @@ def _constant(name: str) -> int:
     found = re.search(rf"constexpr int {name} = (-?\d+);", HEADER.read_text())
     assert found, f"{name} not found in {HEADER}"
     return int(found.group(1))
-
-
-def _hex_constant(name: str) -> int:
-    found = re.search(rf"constexpr uint32_t {name} = (0x[0-9a-f]+)u;", HEADER.read_text())
-    assert found, f"{name} not found in {HEADER}"
-    return int(found.group(1), 16)
 
 
 def _finite_bf16() -> torch.Tensor:
@@ -80,45 +74,3 @@ def test_fast_form_is_quantize_then_dequantize_for_every_bf16():
             first = block[wrong][0].item()
             mismatches.append(f"e={e}: {int(wrong.sum())} values, first x={first!r}")
     assert not mismatches, "; ".join(mismatches[:5])
-
-
-def _packed_form(x: torch.Tensor) -> torch.Tensor:
-    """round_normal_bf16x2 on x's bf16 bits, both halves of each packed word at once (int64 holds
-    the 32-bit sums: a carry out of the low half would show up in the high one)."""
-    halves = x.to(torch.bfloat16).view(torch.int16).to(torch.int64) & 0xFFFF
-    words = halves[0::2] | (halves[1::2] << 16)
-    bias, low_bit, kept = (_hex_constant(n) for n in ("kRoundBias2", "kKeptLowBit2", "kKeptBits2"))
-    rounded = ((words + bias + ((words >> 4) & low_bit)) & kept) & 0xFFFFFFFF
-    return torch.stack([rounded & 0xFFFF, rounded >> 16], dim=1).flatten()
-
-
-def test_packed_form_is_quantize_then_dequantize_for_every_normal_bf16():
-    """Where all_normal lets it (every element of the chunk at least E4M3's smallest normal
-    times 2^e), the packed integer form gives the reference's bits; x is paired with its own
-    reverse so that every value meets every other in the other half of a word."""
-    x = _finite_bf16()
-    mismatches = []
-    for e in range(_constant("kFastMinExponent"), _constant("kFastMaxExponent") + 1):
-        magnitude = x.abs()
-        block = x[(magnitude <= 448.0 * 2.0**e) & (magnitude >= 2.0 ** (e - 6))]
-        if block.numel() % 2:
-            block = block[:-1]
-        want = (mxfp8.to_e4m3(block * 2.0**-e).float() * 2.0**e).to(torch.bfloat16)
-        want = want.view(torch.int16).to(torch.int64) & 0xFFFF
-        for values, expected in ((block, want), (block.flip(0), want.flip(0))):
-            wrong = _packed_form(values) != expected
-            if wrong.any():
-                first = values[wrong][0].item()
-                mismatches.append(f"e={e}: {int(wrong.sum())} values, first x={first!r}")
-    assert not mismatches, "; ".join(mismatches[:5])
-
-
-def test_packed_form_would_fail_below_the_floor():
-    """The guard matters: on E4M3's subnormal grid (|x| < 2^(e-6)) keeping 3 mantissa bits is
-    not the reference's rounding, so all_normal must send such chunks to the fast form (scale
-    2^0 here)."""
-    x = _finite_bf16()
-    below = x[(x.abs() < 2.0**-6) & (x.abs() >= 2.0**-9)]
-    below = below[: below.numel() // 2 * 2]
-    want = (mxfp8.to_e4m3(below).float()).to(torch.bfloat16).view(torch.int16).to(torch.int64)
-    assert (_packed_form(below) != (want & 0xFFFF)).any()
