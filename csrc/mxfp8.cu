@@ -138,8 +138,8 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const Params p) {
   quantize_tiles<Source, kLayouts>(p);
 }
 
-// A kernel with an explicit minimum of CTAs per SM, for the forms that ptxas would otherwise
-// give more registers than that occupancy allows. A separate kernel because an explicit
+// A kernel with an explicit minimum of CTAs per SM (Source::kMinCtas), for the forms that ptxas
+// would otherwise give more registers than that occupancy allows. A separate kernel because an explicit
 // minimum of 1 is not the same as none: it let ptxas give the other forms 92-96 registers
 // (2 CTAs per SM; NOTES v18).
 template <class Source, int kLayouts, int kMinCtas>
@@ -147,20 +147,13 @@ __global__ void __launch_bounds__(kThreads, kMinCtas) quantize_kernel_bounded(co
   quantize_tiles<Source, kLayouts>(p);
 }
 
-// CTAs per SM a form is held to, 0 for none. The rebased gather: 4 (64 registers), as the
-// plain one (60) is by itself; left alone it took 80 and ran 20-30% slower (1x H200, NOTES
-// v17, v18). The SwiGLU step: 3 (80 registers); without the clamp's per-element work
-// (SwigluSource<false>) ptxas took 86, which leaves 2.
-template <class Source, int kLayouts>
-constexpr int kMinCtasPerSm = (kLayouts & kRebased) != 0 ? 4 : Source::kMinCtas;
-
 // One CTA per tile, or `ctas` CTAs taking the tiles in turn (an exchange in the background of
 // other work keeps to a few SMs).
 template <class Source, int kLayouts>
 cudaError_t launch(const Params& p, cudaStream_t stream, int64_t ctas = 0) {
   const int64_t grid = ctas > 0 && ctas < p.tiles ? ctas : p.tiles;
   const auto blocks = static_cast<unsigned>(grid);
-  constexpr int kMin = kMinCtasPerSm<Source, kLayouts>;
+  constexpr int kMin = Source::template kMinCtas<kLayouts>;
   if constexpr (kMin > 0) {
     quantize_kernel_bounded<Source, kLayouts, kMin><<<blocks, kThreads, 0, stream>>>(p);
   } else {

@@ -59,6 +59,9 @@ __device__ __forceinline__ int64_t normal_scale_tile(const Params& p, const Tile
 // A source whose constructor loads all of the thread's row chunks of the tile into registers
 // (every load issued before any is used: 8 x 16 B in flight per thread).
 struct RegisterRows {
+  // CTAs per SM the kernel of a form (kLayouts) is held to, 0 for none (mxfp8.cu's launch).
+  template <int kLayouts>
+  static constexpr int kMinCtas = 0;
   struct Shared {};
   uint32_t w[kPasses][kWordsPerChunk];
 
@@ -74,7 +77,6 @@ struct RegisterRows {
 // The tile's rows as they are in x.
 struct LoadSource : RegisterRows {
   static constexpr bool kInTurns = false;
-  static constexpr int kMinCtas = 0;  // CTAs per SM held to (mxfp8.cu), 0: none
 
   __device__ LoadSource(const Params& p, const Tile& t, int row0, int chunk) {
 #pragma unroll
@@ -91,7 +93,10 @@ struct LoadSource : RegisterRows {
 // kernel.
 struct GatherSource : RegisterRows {
   static constexpr bool kInTurns = true;
-  static constexpr int kMinCtas = 0;  // CTAs per SM held to (mxfp8.cu), 0: none
+  // The rebased gather: 4 (64 registers), as the plain one (60) is by itself; left alone it
+  // took 80 and ran 20-30% slower (1x H200, NOTES v17, v18).
+  template <int kLayouts>
+  static constexpr int kMinCtas = (kLayouts & kRebased) != 0 ? 4 : 0;
   uint32_t exponent[kPasses];  // kRebased: each pass's row's exponent byte (0: padding)
 
   __device__ GatherSource(const Params& p, const Tile& t, int row0, int chunk) {
@@ -142,7 +147,10 @@ struct GatherSource : RegisterRows {
 template <bool kLimit>
 struct SwigluSource {
   static constexpr bool kInTurns = false;
-  static constexpr int kMinCtas = 3;  // CTAs per SM held to (mxfp8.cu), 0: none
+  // 3 (80 registers): without the clamp's per-element work (kLimit false) ptxas took 86,
+  // which leaves 2 CTAs per SM.
+  template <int kLayouts>
+  static constexpr int kMinCtas = 3;
   static constexpr int kSlots = 2;
   struct Shared {
     alignas(16) uint8_t gate_scale[kTileScaleBytes];
