@@ -138,10 +138,10 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const Params p) {
   quantize_tiles<Source, kLayouts>(p);
 }
 
-// A kernel with an explicit minimum of CTAs per SM (Source::kMinCtas), for the forms that ptxas
-// would otherwise give more registers than that occupancy allows. A separate kernel because an explicit
-// minimum of 1 is not the same as none: it let ptxas give the other forms 92-96 registers
-// (2 CTAs per SM; NOTES v18).
+// A kernel with an explicit minimum of CTAs per SM (Source::kMinCtas), for the forms that
+// ptxas would otherwise give more registers than that occupancy allows. A separate kernel
+// because an explicit minimum of 1 is not the same as none: it let ptxas give the other forms
+// 92-96 registers (2 CTAs per SM; NOTES v18).
 template <class Source, int kLayouts, int kMinCtas>
 __global__ void __launch_bounds__(kThreads, kMinCtas) quantize_kernel_bounded(const Params p) {
   quantize_tiles<Source, kLayouts>(p);
