@@ -30,27 +30,6 @@
 
 namespace mok::gemm::detail {
 
-// CUTLASS's ptr-array TMA epilogue (`Op`, as its CollectiveBuilder makes it) with `kStages`
-// shared-memory buffers for D instead of the builder's two. The epilogue writes a tile as eight
-// 128 x 32 subtiles, and before each one waits until at most kStages - 1 TMA stores are still
-// reading their buffers: with two, every subtile waits for the previous one's store, ~4.7 K
-// cycles a work tile at ncu's clock (a fifth of kind 0's time at K 1024; benchmarks/NOTES.md v20).
-template <class Op, int kStages>
-struct WithStoreStages;
-template <int kStagesC, int kStagesD, int kFragment, bool kReuseC, bool kDelay, int kGroups,
-          class... Rest, int kStages>
-struct WithStoreStages<
-    cutlass::epilogue::collective::CollectiveEpilogue<
-        cutlass::epilogue::Sm90PtrArrayTmaWarpSpecialized<kStagesC, kStagesD, kFragment, kReuseC,
-                                                          kDelay, kGroups>,
-        Rest...>,
-    kStages> {
-  using type = cutlass::epilogue::collective::CollectiveEpilogue<
-      cutlass::epilogue::Sm90PtrArrayTmaWarpSpecialized<kStagesC, kStages, kFragment, kReuseC,
-                                                        kDelay, kGroups>,
-      Rest...>;
-};
-
 // LayoutA/LayoutB in CUTLASS's terms: A is M x K (RowMajor = K contiguous), B is K x N
 // (ColumnMajor = K contiguous); LayoutD ColumnMajor for the kinds computed transposed. No kind
 // reads a source term (C).
@@ -78,12 +57,9 @@ struct GroupedGemm {
       cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
       cutlass::epilogue::fusion::LinearCombination<ElementD, Accumulator, ElementC,
                                                    Accumulator>>::CollectiveOp;
-  // Four D buffers (32 KB for bf16) where they fit beside the builder's four mainloop stages;
-  // the MXFP8-weight kinds' five stages and fp32 outputs leave room for the builder's two.
-  static constexpr int kStoreStages = kMxWeight || sizeof(ElementD) > 2 ? 2 : 4;
   using Epilogue =
       std::conditional_t<kSwiglu, SwigluCollectiveEpilogue<typename TmaEpilogue::StrideD>,
-                         typename WithStoreStages<TmaEpilogue, kStoreStages>::type>;
+                         TmaEpilogue>;
 
   using BuiltMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA*, kAlignment,
@@ -99,8 +75,6 @@ struct GroupedGemm {
                                             BuiltMainloop>>>;
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
-  static_assert(Kernel::SharedStorageSize <= cutlass::gemm::collective::detail::sm90_smem_capacity_bytes,
-                "the mainloop stages and D buffers must fit in shared memory");
   using Device = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
   using Tables = GroupTables<ProblemShape::UnderlyingProblemShape, Element, ElementD,
                              typename Kernel::InternalStrideA, typename Kernel::InternalStrideB,
