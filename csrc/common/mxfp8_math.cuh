@@ -62,6 +62,13 @@ __device__ __forceinline__ float scale_value(uint32_t byte) {
   return byte > 0 ? __uint_as_float(byte << 23) : __uint_as_float(0x00400000u);
 }
 
+// scale_value(byte) as bf16 in both halves of a word (bf16 holds every E8M0 value: 2^-127 as
+// a subnormal, 255 as NaN), without a branch.
+__device__ __forceinline__ uint32_t scale_bf16x2(uint32_t byte) {
+  const uint32_t bits = (byte != 0u ? byte << 7 : 0x40u) | (byte == 255u ? 0x40u : 0u);
+  return bits * 0x10001u;
+}
+
 // 2^(byte - 127) for bytes 0..254 (0 the subnormal 2^-127) without scale_value's NaN test:
 // kind 6's rescale multiplies every accumulator by two of these, and a branch per accumulator
 // cost several thousand cycles a tile (benchmarks/NOTES.md v17).

@@ -86,6 +86,34 @@ def test_selecting_rows_returns_the_dequantized_weight_bit_for_bit(spread, seed)
         assert torch.equal(got[e * k : (e + 1) * k], values[e].T)
 
 
+def test_nan_weights_and_nan_scales_give_nan_where_dequantize_does(seed):
+    """E4M3 NaN bytes (0x7F, 0xFF) and E8M0 NaN scale bytes (255) among ordinary ones, with
+    one-hot activations: a weight row holding a NaN value makes its whole output column NaN
+    (0 * NaN), as the bf16 GEMM on mxfp8_dequantize's values gives; every other output is that
+    row's dequantized value, bit for bit (zero scale bytes, 2^-127, included)."""
+    n, k = 256, 256
+    gen = case_generator("nan", seed)
+    weight, _ = _weight(gen, 1, n, k, spread=130)
+    data = weight.data.view(torch.uint8).clone()
+    nan_at = torch.rand(data.shape, generator=gen, device="cuda") < 0.001
+    data[nan_at] = torch.where(torch.rand(data.shape, generator=gen, device="cuda") < 0.5,
+                               0x7F, 0xFF)[nan_at].to(torch.uint8)  # fmt: skip
+    scales = weight.scales.clone()
+    scales.view(-1)[torch.randperm(scales.numel(), generator=gen, device="cuda")[:8]] = 255
+    scales.view(-1)[torch.randperm(scales.numel(), generator=gen, device="cuda")[:8]] = 0
+    pair = cuda_gemm.MxWeight(data.view(torch.float8_e4m3fn), scales)
+    values = cuda.mxfp8_dequantize(*pair)
+    a = torch.eye(k, device="cuda").bfloat16()
+    counts = torch.tensor([k], dtype=torch.int32, device="cuda")
+    got = cuda_gemm.linear_mx(a, [pair], counts)[0]
+    want = cuda_gemm.linear(a, [values], counts)[0]
+    nan_rows = values[0].isnan().any(dim=1)
+    assert 0 < int(nan_rows.sum()) < n
+    assert torch.equal(got.isnan(), nan_rows[None, :].expand(k, n))
+    assert torch.equal(got.isnan(), want.isnan())
+    assert torch.equal(got[:, ~nan_rows], values[0][~nan_rows].T)
+
+
 def test_padding_rows_and_repeats(seed):
     """Row sources skip each segment's trailing padding (NaN there stays out, those rows are
     zero) and five launches give the same bits."""
