@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
+import tempfile
 import time
 
 import torch
@@ -55,13 +55,13 @@ def make_inputs(rank: int, ep: int, device):
     return [t.to(device) for t in (x, rw, top, grad)], routed, shared
 
 
-def run_rank(rank: int, ep: int, port: int, mxfp8: bool, results) -> None:
+def run_rank(rank: int, ep: int, rendezvous: str, mxfp8: bool, results) -> None:
     cuda = torch.cuda.device_count() >= ep
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
     dist.init_process_group(
-        "nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ep
+        "nccl" if cuda else "gloo", init_method=rendezvous, rank=rank, world_size=ep
     )
     from mok import functional as F
     from mok import ops
@@ -106,12 +106,13 @@ def main() -> int:
     parser.add_argument("--ep", type=int, default=2, help="expert-parallel ranks (default 2)")
     parser.add_argument("--mxfp8", action="store_true", help="MXFP8 routed experts")
     args = parser.parse_args()
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     results = mp.Manager().dict()
-    mp.spawn(run_rank, args=(args.ep, port, args.mxfp8, results), nprocs=args.ep, join=True)
+    # A file rendezvous: a port picked here and bound later by the ranks' store could be taken
+    # in between (a runbook's demo once failed with EADDRINUSE that way).
+    with tempfile.TemporaryDirectory() as tmp:
+        rendezvous = f"file://{tmp}/rendezvous"
+        mp.spawn(run_rank, args=(args.ep, rendezvous, args.mxfp8, results), nprocs=args.ep)
     mode = "MXFP8" if args.mxfp8 else "BF16"
     print(
         f"mok demo: EP={args.ep}, T={T} tokens/rank, H={H}, I={I}, {E_LOCAL} experts/rank, "
