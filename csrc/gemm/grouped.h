@@ -39,7 +39,7 @@ enum class Kind : int {
   // factors 2^(E - R_b) given in `b_scale` in the scale tiles' layout (2 bytes an entry), with
   // one byte R_b per weight row (`b_exponent`, [E * N]); the fp32 sums are multiplied by
   // 2^(R_b - 127) * 2^(R_a - 127) before the epilogue. Converting E4M3 to f16 takes two
-  // instructions a pair, to bf16 six (NOTES v15).
+  // instructions a pair, to bf16 five (NOTES v15, v20).
   kLinearMxWeightF16 = 6,
 };
 

@@ -5,12 +5,12 @@
 //
 // The GEMM is computed transposed, D^T = W[e] @ X^T, so the weight is wgmma's A operand, which
 // Hopper can take from registers: each consumer thread loads its fragment's E4M3 pairs from
-// shared memory and converts them exactly to bf16 (E4M3 -> f16 -> fp32, times the block's
-// scale, rounded once: mok.mxfp8.dequantize's values) while the previous k tiles' wgmmas run.
-// X (bf16) stays the shared-memory B operand, loaded and multicast as Base does. At ncu's fixed
-// clock kind 4 takes ~9% more cycles than kind 0 on the dequantized weights: ~7% the
-// conversion's arithmetic, ~2% the register-sourced wgmma and the pair loads (NOTES v16); the
-// dequantized copies it saves cost about as much (NOTES v12).
+// shared memory and converts them exactly to bf16 (E4M3 -> f16 -> fp32 -> bf16, times the
+// block's scale as bf16, rounded once: mok.mxfp8.dequantize's values) while the previous k
+// tiles' wgmmas run. X (bf16) stays the shared-memory B operand, loaded and multicast as Base
+// does. At ncu's fixed clock kind 4's k loop takes ~3.5% more cycles than kind 0's on the
+// dequantized weights (NOTES v20; ~2% of it the register-sourced wgmma and the pair loads,
+// v16); the dequantized copies it saves cost more (NOTES v12).
 //
 // Base is the bf16 mainloop CUTLASS's CollectiveBuilder makes for this transposed problem;
 // its pipeline, B tiles and per-group B descriptor are used as they are. Redefined: the shared
