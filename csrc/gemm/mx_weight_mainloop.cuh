@@ -10,7 +10,7 @@
 // tiles' wgmmas run. X (bf16) stays the shared-memory B operand, loaded and multicast as Base
 // does. At ncu's fixed clock kind 4 takes ~3.5% more cycles than kind 0 on the dequantized
 // weights at K 4096, its k loop ~2.5% more (NOTES v20; the register-sourced wgmma and the pair
-// loads ~2%, v16); the dequantized copies it saves cost ~0.2 ms a weight (NOTES v12).
+// loads ~2%, v16), less than the dequantized copy it saves (above).
 //
 // Base is the bf16 mainloop CUTLASS's CollectiveBuilder makes for this transposed problem;
 // its pipeline, B tiles and per-group B descriptor are used as they are. Redefined: the shared
