@@ -1,14 +1,14 @@
 """The MXFP8 GEMM on f16 operands rebased per row (cuda_gemm.Kind.LINEAR_MX_F16).
 
 Converting E4M3 to bf16 inside the GEMM costs five instructions a pair (six until v20), kind 4
-~3.5% more cycles than kind 0 at K 4096; to f16 two (benchmarks/NOTES.md v15, v17, v20). f16 holds every E4M3
-value, but not every scaled one (2^-24 .. 65504), so each operand row is rebased: a row of
-activations is stored as `values` f16 with one exponent byte R (its values are values *
-2^(R - 127)), chosen so that the row's largest magnitude lands in [2^14, 2^15) (and its MXFP8
-rounding at most at 2^15); `rebase_weight` rebases each weight row alike from its scale bytes,
-once per weight, and the GEMM multiplies the sums back. Within a row, values more than ~21
-binades under its largest lose their low bits (f16's subnormals); MXFP8-rounded rows, whose
-blocks rarely span that much, come out bit for bit as kind 4's.
+~3.5% more cycles than kind 0 at K 4096; to f16 two (benchmarks/NOTES.md v15, v17, v20). f16
+holds every E4M3 value, but not every scaled one (2^-24 .. 65504), so each operand row is
+rebased: a row of activations is stored as `values` f16 with one exponent byte R (its values
+are values * 2^(R - 127)), chosen so that the row's largest magnitude lands in [2^14, 2^15)
+(and its MXFP8 rounding at most at 2^15); `rebase_weight` rebases each weight row alike from
+its scale bytes, once per weight, and the GEMM multiplies the sums back. Within a row, values
+more than ~21 binades under its largest lose their low bits (f16's subnormals); MXFP8-rounded
+rows, whose blocks rarely span that much, come out bit for bit as kind 4's.
 """
 
 from __future__ import annotations
