@@ -55,25 +55,26 @@ __device__ __forceinline__ float inverse_scale(int e) {
                     : __uint_as_float(0x00400000u);
 }
 
-// 2^(byte - 127) as an fp32, the value of an E8M0 scale byte (byte 0 is the subnormal 2^-127;
-// 255 is E8M0's NaN).
-__device__ __forceinline__ float scale_value(uint32_t byte) {
-  if (byte == 255u) return __uint_as_float(0x7fc00000u);
-  return byte > 0 ? __uint_as_float(byte << 23) : __uint_as_float(0x00400000u);
-}
-
-// scale_value(byte) as bf16 in both halves of a word (bf16 holds every E8M0 value: 2^-127 as
-// a subnormal, 255 as NaN), without a branch.
-__device__ __forceinline__ uint32_t scale_bf16x2(uint32_t byte) {
-  const uint32_t bits = (byte != 0u ? byte << 7 : 0x40u) | (byte == 255u ? 0x40u : 0u);
-  return bits * 0x10001u;
-}
-
-// 2^(byte - 127) for bytes 0..254 (0 the subnormal 2^-127) without scale_value's NaN test:
-// kind 6's rescale multiplies every accumulator by two of these, and a branch per accumulator
-// cost several thousand cycles a tile (benchmarks/NOTES.md v17).
+// 2^(byte - 127) for bytes 0..254 (0 the subnormal 2^-127), without a test for E8M0's NaN
+// (255): kind 6's rescale multiplies every accumulator by two of these, and a branch per
+// accumulator cost several thousand cycles a tile (benchmarks/NOTES.md v17). The one home of
+// the byte -> 2^(byte - 127) rule; the two forms below add the NaN.
 __device__ __forceinline__ float exponent_value(uint32_t byte) {
   return __uint_as_float(byte != 0u ? byte << 23 : 0x00400000u);
+}
+
+// 2^(byte - 127) as an fp32, the value of an E8M0 scale byte (255 is E8M0's NaN).
+__device__ __forceinline__ float scale_value(uint32_t byte) {
+  return byte == 255u ? __uint_as_float(0x7fc00000u) : exponent_value(byte);
+}
+
+// scale_value(byte) as bf16 in both halves of a word, without a branch: bf16 holds every E8M0
+// value (the top half of exponent_value's fp32, 2^-127 a bf16 subnormal), and 255's quiet bit
+// makes the NaN.
+__device__ __forceinline__ uint32_t scale_bf16x2(uint32_t byte) {
+  const uint32_t bits =
+      (__float_as_uint(exponent_value(byte)) >> 16) | (byte == 255u ? 0x40u : 0u);
+  return bits * 0x10001u;
 }
 
 // The low / high bf16 of a packed pair as fp32 (exact: bf16 is the top half of an fp32).
