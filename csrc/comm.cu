@@ -1,4 +1,5 @@
-// NVLink communication kernels: barrier, routing all-gather, dispatch pull and combine push.
+// NVLink communication kernels: barrier, routing all-gather, dispatch pull and combine push (and
+// the clearing of a push destination's unrouted rows).
 //
 // None of them uses multicast: data moves with 16-byte loads and stores through peer pointers
 // of PyTorch symmetric memory, and ranks synchronise through epoch-tagged flag words (the
@@ -119,6 +120,17 @@ __global__ void __launch_bounds__(kCopyThreads) push_kernel(PushArgs a, int lane
   system_fence();
 }
 
+template <typename V>
+__global__ void __launch_bounds__(kCopyThreads) zero_unrouted_kernel(ZeroUnroutedArgs a,
+                                                                     int lane_shift) {
+  const Team team = grid_team(lane_shift);
+  const int64_t vecs = a.row_bytes / static_cast<int64_t>(sizeof(V));
+  for (int64_t slot = team.index; slot < a.slots; slot += team.count) {
+    if (a.routing[slot] >= 0) continue;
+    zero_row(reinterpret_cast<V*>(static_cast<uint8_t*>(a.dest) + slot * a.row_bytes), vecs, team);
+  }
+}
+
 // The widest vector (16, 8 or 4 bytes) that divides the row and keeps the local buffer aligned.
 // Peer tables hold 16-byte aligned addresses (checked where they are built), so the row size and
 // the local address decide.
@@ -147,10 +159,15 @@ void launch_typed(const PushArgs& a, dim3 grid, int shift, cudaStream_t stream) 
   push_kernel<V><<<grid, kCopyThreads, 0, stream>>>(a, shift);
 }
 
-// Picks the vector type for the row size and alignment, then launches `ctas` CTAs.
+template <typename V>
+void launch_typed(const ZeroUnroutedArgs& a, dim3 grid, int shift, cudaStream_t stream) {
+  zero_unrouted_kernel<V><<<grid, kCopyThreads, 0, stream>>>(a, shift);
+}
+
+// Picks the vector type for the row size and alignment, then launches `ctas` CTAs over `rows`.
 template <typename Args>
-cudaError_t launch_rows(const Args& a, const void* local, cudaStream_t stream) {
-  if (a.schedule.rows == 0 || a.row_bytes == 0) return cudaSuccess;
+cudaError_t launch_rows(const Args& a, int64_t rows, const void* local, cudaStream_t stream) {
+  if (rows == 0 || a.row_bytes == 0) return cudaSuccess;
   const int width = vector_bytes(a.row_bytes, local);
   const int shift = lane_shift_for(a.row_bytes / width);
   const dim3 grid(static_cast<unsigned>(std::max(a.ctas, 1)));
@@ -188,11 +205,15 @@ cudaError_t launch_all_gather(const AllGatherArgs& args, cudaStream_t stream) {
 }
 
 cudaError_t launch_pull(const PullArgs& args, cudaStream_t stream) {
-  return detail::launch_rows(args, args.out, stream);
+  return detail::launch_rows(args, args.schedule.rows, args.out, stream);
 }
 
 cudaError_t launch_push(const PushArgs& args, cudaStream_t stream) {
-  return detail::launch_rows(args, args.rows, stream);
+  return detail::launch_rows(args, args.schedule.rows, args.rows, stream);
+}
+
+cudaError_t launch_zero_unrouted(const ZeroUnroutedArgs& args, cudaStream_t stream) {
+  return detail::launch_rows(args, args.slots, args.dest, stream);
 }
 
 }  // namespace mok::comm

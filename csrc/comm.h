@@ -67,10 +67,21 @@ struct PushArgs {
   int ctas = 1;
 };
 
+// Zeroes this rank's destination rows of the routes nobody pushes (routing[slot] < 0), so that a
+// combine need not clear its whole destination first (mok/_routes.py says when that holds).
+struct ZeroUnroutedArgs {
+  const int32_t* routing = nullptr;  // [slots] this rank's expert id of each route, -1 if none
+  void* dest = nullptr;              // local [slots, row_bytes]
+  int64_t slots = 0;
+  int64_t row_bytes = 0;             // a multiple of 4
+  int ctas = 1;
+};
+
 // Each enqueues one kernel on `stream` and returns the launch status (never synchronises).
 cudaError_t launch_barrier(const BarrierArgs& args, cudaStream_t stream);
 cudaError_t launch_all_gather(const AllGatherArgs& args, cudaStream_t stream);
 cudaError_t launch_pull(const PullArgs& args, cudaStream_t stream);
 cudaError_t launch_push(const PushArgs& args, cudaStream_t stream);
+cudaError_t launch_zero_unrouted(const ZeroUnroutedArgs& args, cudaStream_t stream);
 
 }  // namespace mok::comm

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mok import backends, ops
+from mok import _routes, backends, ops
 from mok import status as device_status
 from mok._checks import check_range, check_tensor, check_type
 from mok._custom_op import direct
@@ -71,6 +71,7 @@ def build_schedule(
     )
     if device_status.debug_enabled():
         device_status.check(ws.status)
+    _routes.remember(ws, result[0], routing)
     return MoKSchedule(*result)
 
 

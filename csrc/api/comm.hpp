@@ -201,6 +201,23 @@ inline void comm_push_rows(uintptr_t rows_data, uintptr_t dst_table, uintptr_t p
   check_cuda(comm::launch_push(a, c::stream_of(stream)), "push_rows kernel launch");
 }
 
+inline void comm_zero_unrouted(uintptr_t routing, uintptr_t dest, int64_t slots,
+                               int64_t row_bytes, int ctas, uintptr_t stream) {
+  namespace c = comm_checks;
+  c::address("routing", routing, 4);
+  c::address("dest", dest, 4);
+  c::at_least("slots", slots, 0);
+  c::row_bytes(row_bytes);
+  c::at_least("ctas", ctas, 1);
+  comm::ZeroUnroutedArgs a;
+  a.routing = reinterpret_cast<const int32_t*>(routing);
+  a.dest = reinterpret_cast<void*>(dest);
+  a.slots = slots;
+  a.row_bytes = row_bytes;
+  a.ctas = ctas;
+  check_cuda(comm::launch_zero_unrouted(a, c::stream_of(stream)), "zero_unrouted kernel launch");
+}
+
 inline void comm_epilogue(uintptr_t shared, uintptr_t routed, uintptr_t weights, uintptr_t out,
                           int64_t tokens, int64_t hidden, int topk, uintptr_t stream) {
   namespace c = comm_checks;
@@ -258,6 +275,10 @@ inline void bind_comm(pybind11::module_& m) {
         py::arg("stream"),
         "Rank peer_rank[i]'s destination row peer_token_idx[i] = rows_data[i]; padding rows are "
         "skipped (no barrier, no zero-fill).");
+  m.def("comm_zero_unrouted", &comm_zero_unrouted, py::arg("routing"), py::arg("dest"),
+        py::arg("slots"), py::arg("row_bytes"), py::arg("ctas"), py::arg("stream"),
+        "dest[slot] = 0 (row_bytes each) where routing[slot] < 0: the rows of the routes "
+        "nobody pushes (no barrier).");
   m.def("comm_epilogue", &comm_epilogue, py::arg("shared"), py::arg("routed"),
         py::arg("weights"), py::arg("out"), py::arg("tokens"), py::arg("hidden"),
         py::arg("topk"), py::arg("stream"),

@@ -19,14 +19,14 @@ By default every op is safe on its own, whatever ran before or runs after it:
 |-------------------------|-------------------------------------------------------------------|
 | all_gather_top_experts  | barrier, store into every rank's buffer, barrier                  |
 | pull_rows / _router_w.  | barrier (sources written), pull, barrier (sources free to reuse)  |
-| push_rows               | zero own destination, barrier, push, barrier (rows arrived)       |
+| push_rows               | zero own unpushed rows, barrier, push, barrier (rows arrived)     |
 
 A caller that already has a barrier in the right place (e.g. one pass that pushes right after it
 pulled) may drop the redundant one with `sync_before=False` / `sync_after=False`; the table says
 what each barrier protects. Routes that nobody pushes (invalid expert ids, capacity overflow) read
-as zero because each rank zeroes its own destination buffer before the barrier that precedes the
-pushes (`zero_fill=True`); a caller that passes `zero_fill=False` must have zeroed it before an
-earlier barrier.
+as zero because each rank zeroes them in its own destination buffer before the barrier that
+precedes the pushes (`zero_fill=True`, `zero_destination`); a caller that passes
+`zero_fill=False` must have zeroed them before an earlier barrier.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import os
 
 import torch
 
-from mok import _extension
+from mok import _extension, _routes
 from mok.workspace import MoKWorkspace
 
 _DEFAULT_TIMEOUT_S = 5.0
@@ -101,11 +101,19 @@ def _buffer(ws: MoKWorkspace, name: str, allowed: tuple[str, ...]) -> torch.Tens
     return getattr(ws, name)
 
 
-def zero_destination(ws: MoKWorkspace, name: str) -> torch.Tensor:
-    """Zero this rank's push destination `name` (one of the combine buffers) and return it; the
-    routes nobody pushes read as zero once a barrier has followed (see `push_rows`)."""
+def zero_destination(ws: MoKWorkspace, name: str, schedule=None) -> torch.Tensor:
+    """Zero the rows of this rank's push destination `name` (one of the combine buffers) that
+    no rank will push, and return it; they read as zero once a barrier has followed (see
+    `push_rows`). For a schedule of build_schedule's that cannot drop routes (mok._routes) those
+    are the rows of this rank's invalid expert ids; otherwise every row is zeroed."""
     dest = _buffer(ws, name, _PUSH_DESTINATIONS)
-    dest.zero_()
+    routing = None if schedule is None else _routes.routing_of(schedule[0])
+    if routing is None:
+        dest.zero_()
+        return dest
+    _run(ws, "comm_zero_unrouted", routing=routing.data_ptr(), dest=dest.data_ptr(),
+         slots=routing.numel(), row_bytes=dest.nbytes // routing.numel(),
+         ctas=_default_ctas(ws.device))  # fmt: skip
     return dest
 
 
@@ -298,7 +306,7 @@ def push_rows(
         )
     rows = _extension.aligned(rows)
     if zero_fill:
-        zero_destination(ws, dest_buffer_name)
+        zero_destination(ws, dest_buffer_name, schedule)
     if sync_before:
         barrier(ws)
     _run(

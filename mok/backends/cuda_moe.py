@@ -26,10 +26,9 @@ from mok.backends import (
     cuda_gemm,
     cuda_rebased,
 )
+from mok.backends.cuda_dense import CudaElementwise, DenseGemms, transposed_view
 from mok.backends.reference_experts import ExpertEngine
 from mok.workspace import MoKWorkspace, workspace_owning
-
-_F32 = torch.float32
 
 
 class CudaMxfp8:
@@ -75,7 +74,7 @@ class GroupedGemms(CudaMxfp8, ExpertEngine):
         return torch._grouped_mm(d_t, a.to(torch.bfloat16), offs=self.offsets).float()
 
 
-class HopperGemms(CudaMxfp8, ExpertEngine):
+class HopperGemms(CudaMxfp8, CudaElementwise, ExpertEngine):
     """Routed-expert GEMMs on mok's kernels (bf16 outputs, fp32 where the math keeps fp32)."""
 
     def __init__(self, schedule, num_experts: int):
@@ -107,7 +106,7 @@ class HopperGemms(CudaMxfp8, ExpertEngine):
     def linear(self, a: torch.Tensor, weight) -> torch.Tensor:
         if isinstance(weight, cuda_gemm.MxWeight):
             return self.linears(a, [weight])[0]
-        if _transposed_view(weight):  # the backward's W^T: N-contiguous weights, fp32 d_h
+        if transposed_view(weight):  # the backward's W^T: N-contiguous weights, fp32 d_h
             # d_h is read by swiglu_backward for the used rows only: no zeroed tail needed.
             return cuda_gemm.linear_transposed(
                 a, weight.transpose(1, 2), self.rows, False, self.row_source
@@ -144,26 +143,8 @@ class HopperGemms(CudaMxfp8, ExpertEngine):
     def weight_grads(self, pairs) -> list[torch.Tensor]:
         return cuda_gemm.weight_grads(list(pairs), self.rows, self.row_source)
 
-    def swiglu(self, gate: torch.Tensor, up: torch.Tensor, limit: float | None) -> torch.Tensor:
-        return cuda_experts.swiglu(gate, up, self.num_tokens, limit, zero_rest=False)
-
-    def swiglu_backward(self, d_h, rw, gate, up, hidden, limit: float | None, *,
-                        scale_hidden=False):  # fmt: skip
-        return cuda_experts.swiglu_backward(
-            d_h, rw, gate, up, hidden, self.num_tokens, limit, zero_rest=False,
-            scale_hidden=scale_hidden,
-        )  # fmt: skip
-
-    def scale_rows(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        # The scaled d_out rows feed the weight gradients, which read the segments only.
-        return cuda_experts.scale_rows(x, weight, self.num_tokens, zero_rest=False)
-
     def swiglu_mxfp8(self, gate: torch.Tensor, up: torch.Tensor, limit: float | None):
         return cuda_experts.swiglu_mxfp8(gate, up, self.num_tokens, limit, zero_rest=False)
-
-
-def _transposed_view(weight: torch.Tensor) -> bool:
-    return not weight.is_contiguous() and weight.transpose(1, 2).is_contiguous()
 
 
 def _swiglu_epilogue() -> bool:
@@ -190,68 +171,6 @@ def _use_mok_gemms(device: torch.device) -> bool:
             f"MOK_GROUPED_GEMM=mok, but {device}'s module has no grouped GEMMs"
         )
     return False
-
-
-class DenseGemms(ExpertEngine):
-    """The shared expert: one expert over every token row (cuBLAS GEMMs storing bf16, or fp32
-    where the math keeps fp32; mok's elementwise kernels).
-
-    `free_sms()` says how many SMs a background exchange needs at the time of each GEMM call
-    (0: none runs); cuBLAS then sizes its kernels for the rest (PyTorch's SM carve-out), so the
-    exchange's CTAs find their SMs even though cuBLAS's persistent kernels start first.
-    """
-
-    num_experts = 1
-
-    def __init__(self, tokens: int, device: torch.device, free_sms=lambda: 0):
-        # A fill kernel, not a host copy, so the step stays capturable in a CUDA graph.
-        self.num_tokens = torch.full((1,), tokens, dtype=torch.int32, device=device)
-        self.free_sms = free_sms
-
-    def linear(self, a: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        a, w_t = a.to(torch.bfloat16), weight[0].to(torch.bfloat16).T
-        with sm_carveout(self.free_sms()):
-            if _transposed_view(weight):  # the backward's W^T: d_h stays fp32
-                return torch.mm(a, w_t, out_dtype=_F32)
-            return torch.mm(a, w_t)
-
-    def linear_sum(self, terms) -> torch.Tensor:
-        """The backward's d_x: the second product adds the first's fp32 result in its epilogue
-        (`addmm`), instead of a separate add pass over both (0.08 ms on the DSV4-Pro-like
-        shape, benchmarks/NOTES.md v20)."""
-        (a1, w1), (a2, w2) = terms
-        if not (_transposed_view(w1) and _transposed_view(w2)):
-            return super().linear_sum(terms)
-        first = self.linear(a1, w1)  # fp32
-        with sm_carveout(self.free_sms()):
-            a2, w2_t = a2.to(torch.bfloat16), w2[0].to(torch.bfloat16).T
-            return torch.addmm(first, a2, w2_t, out_dtype=_F32)
-
-    def weight_grad(self, d_out: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
-        """bf16 d_out^T a, accumulated in fp32 and rounded once (cuBLAS's bf16 output)."""
-        with sm_carveout(self.free_sms()):
-            return torch.mm(d_out.to(torch.bfloat16).T, a.to(torch.bfloat16))[None]
-
-    swiglu = HopperGemms.swiglu
-    swiglu_backward = HopperGemms.swiglu_backward
-    scale_rows = HopperGemms.scale_rows
-    quantize = staticmethod(cuda.mxfp8_quantize)
-
-
-@contextlib.contextmanager
-def sm_carveout(sms: int):
-    """cuBLAS calls inside leave `sms` SMs unused (torch's experimental carve-out, as its async
-    tensor parallelism uses for NCCL); nothing changes for 0 or where torch lacks the hook."""
-    setter = getattr(torch._C, "_set_sm_carveout_experimental", None)
-    if not sms or setter is None:
-        yield
-        return
-    before = torch._C._get_sm_carveout_experimental()
-    setter(sms)
-    try:
-        yield
-    finally:
-        setter(before)
 
 
 _DEFAULT_BACKGROUND_CTAS = 64
@@ -382,11 +301,11 @@ class CudaEngine:
             )
 
     def push_all(self, pushes, schedule, background: bool = False) -> None:
-        """Combine each (rows, destination name): every destination zeroed, one barrier, the
-        pushes, one barrier (not two per push)."""
+        """Combine each (rows, destination name): the rows nobody pushes zeroed in every
+        destination, one barrier, the pushes, one barrier (not two per push)."""
         with self._exchange(background) as ctas:
             for _, name in pushes:  # before the barrier that precedes the pushes
-                cuda_comm.zero_destination(self.ws, name)
+                cuda_comm.zero_destination(self.ws, name, schedule)
             for i, (rows, name) in enumerate(pushes):
                 cuda_comm.push_rows(
                     self.ws, rows, schedule, name, zero_fill=False, sync_before=i == 0,

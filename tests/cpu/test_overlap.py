@@ -9,7 +9,8 @@ import torch
 
 from mok.backends import moe
 from mok.backends import reference_experts as experts
-from mok.backends.cuda_moe import background_ctas, sm_carveout
+from mok.backends.cuda_dense import sm_carveout
+from mok.backends.cuda_moe import background_ctas
 from mok.ops import mxfp8_quantize
 
 HIDDEN, INTER, EXPERTS, SEGMENT = 128, 64, 2, 256

@@ -37,9 +37,11 @@ from comm_helpers import (
     ws_and_draws,
 )
 
-from mok import _extension
+from mok import _extension, _routes
 from mok import status as device_status
 from mok.backends import cuda, cuda_comm, cuda_comm_mxfp8, cuda_rebased, reference
+from mok.config import MoKConfig
+from mok.schedule import build_schedule
 
 # The fixtures device, seed and workspaces come from tests/gpu/conftest.py (which also skips with
 # the reason when there is no GPU or no module).
@@ -213,6 +215,45 @@ def test_push_rows(shape, kind, seed, workspaces):
         ]
 
     check_calls(ws, kind, shape[3], gen, one_call)
+
+
+@pytest.mark.parametrize("kind", ("uniform", "invalid_ids", "one_rank"))
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+def test_push_after_build_schedule_clears_only_unrouted_rows(shape, kind, seed, workspaces):
+    """A schedule of build_schedule's (mok._routes keeps its routing: these workspaces' capacity
+    holds the worst case at EP <= 2): the push zeroes only the rows of invalid routes in the
+    poisoned destination, and gets the bits of a push into a zeroed one."""
+    ws, gen, rng = ws_and_draws(workspaces, seed, "push-built", shape, kind)
+    worst_case = ws.ep_size * ws.num_local_tokens * ws.topk
+    problems = []
+    for call in range(CALLS):
+        mine = routing(kind, ws.num_local_tokens, ws.topk, ws.ep_size * shape[3], gen)
+        sched = build_schedule(ws, MoKConfig(), mine.long(), num_local_experts=shape[3])
+        sched = sched.as_tuple()
+        kept = _routes.routing_of(sched[0]) is not None
+        assert kept == (ws.schedule_capacity >= worst_case)
+        name = _PUSH_NAMES[call % len(_PUSH_NAMES)]
+        dest = getattr(ws, name)
+        # The router-weight gradients are one fp32 per route: rows [C] into dest viewed [T*k].
+        one_value = name == "d_router_weight_buffer"
+        rows_shape = (sched[0].shape[0],) if one_value else (sched[0].shape[0], ws.hidden_size)
+        rows = random_rows(rows_shape, dest.dtype, gen)
+        poison(dest)
+        skew(rng)
+        cuda_comm.push_rows(ws, rows, sched, name)
+        got = dest.clone()
+        want = torch.zeros_like(dest)
+        reference.push_rows(rows, sched[0], sched[1], want.view(-1) if one_value else want,
+                            ws.group_name)  # fmt: skip
+        problems.append(bit_mismatch(f"push into {name} call {call} (kept {kept})", got, want))
+    torch.cuda.synchronize()
+    # build_schedule records the invalid ids: the one status bit this test expects.
+    assert int(ws.status.item()) & ~device_status.INVALID_EXPERT_ID == 0
+    ws.status.zero_()
+    expect_clean(ws, problems)
+
+
+_PUSH_NAMES = ("combine_buffer", "d_x_routed_buffer", "d_router_weight_buffer")
 
 
 @pytest.mark.skipif(WORLD < 2, reason="a barrier timeout needs a peer that does not arrive")
