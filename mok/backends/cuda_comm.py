@@ -101,13 +101,14 @@ def _buffer(ws: MoKWorkspace, name: str, allowed: tuple[str, ...]) -> torch.Tens
     return getattr(ws, name)
 
 
-def zero_destination(ws: MoKWorkspace, name: str, schedule=None) -> torch.Tensor:
+def zero_destination(ws: MoKWorkspace, name: str, peer_rank=None) -> torch.Tensor:
     """Zero the rows of this rank's push destination `name` (one of the combine buffers) that
     no rank will push, and return it; they read as zero once a barrier has followed (see
-    `push_rows`). For a schedule of build_schedule's that cannot drop routes (mok._routes) those
-    are the rows of this rank's invalid expert ids; otherwise every row is zeroed."""
+    `push_rows`). For a schedule of build_schedule's (given by its `peer_rank`) that cannot drop
+    routes (mok._routes) those are the rows of this rank's invalid expert ids; otherwise every
+    row is zeroed."""
     dest = _buffer(ws, name, _PUSH_DESTINATIONS)
-    routing = None if schedule is None else _routes.routing_of(schedule[0])
+    routing = None if peer_rank is None else _routes.routing_of(peer_rank)
     if routing is None:
         dest.zero_()
         return dest
@@ -306,7 +307,7 @@ def push_rows(
         )
     rows = _extension.aligned(rows)
     if zero_fill:
-        zero_destination(ws, dest_buffer_name, schedule)
+        zero_destination(ws, dest_buffer_name, peer_rank)
     if sync_before:
         barrier(ws)
     _run(
