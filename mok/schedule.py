@@ -46,7 +46,8 @@ def build_schedule(
 
     `top_experts` is int64 [T, k] of global expert ids; expert e lives on rank
     e // num_local_experts. An id outside [0, EP * E) is recorded in the status word
-    (see `check_status`) and the route contributes exactly zero.
+    (see `check_status`) and the route contributes exactly zero. The int32 routing stays with
+    the schedule (mok._routes), so its pushes clear only the rows of those routes.
     """
     check_type("workspace", workspace, MoKWorkspace)
     check_type("config", config, MoKConfig)

@@ -217,6 +217,9 @@ def test_push_rows(shape, kind, seed, workspaces):
     check_calls(ws, kind, shape[3], gen, one_call)
 
 
+_PUSH_NAMES = ("combine_buffer", "d_x_routed_buffer", "d_router_weight_buffer")
+
+
 @pytest.mark.parametrize("kind", ("uniform", "invalid_ids", "one_rank"))
 @pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
 def test_push_after_build_schedule_clears_only_unrouted_rows(shape, kind, seed, workspaces):
@@ -251,9 +254,6 @@ def test_push_after_build_schedule_clears_only_unrouted_rows(shape, kind, seed, 
     assert int(ws.status.item()) & ~device_status.INVALID_EXPERT_ID == 0
     ws.status.zero_()
     expect_clean(ws, problems)
-
-
-_PUSH_NAMES = ("combine_buffer", "d_x_routed_buffer", "d_router_weight_buffer")
 
 
 @pytest.mark.skipif(WORLD < 2, reason="a barrier timeout needs a peer that does not arrive")
