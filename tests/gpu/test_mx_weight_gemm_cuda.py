@@ -24,6 +24,7 @@ CASES = [
     ([2048, 256, 0, 1024], 1024, 512),
     ([256, 256], 7168, 3072),
     ([100, 0, 37, 301], 512, 640),
+    ([2048, 2048, 1024, 2048], 1024, 2048),  # ~7 work tiles per CTA
 ]
 IDS = [f"rows{'-'.join(map(str, r))}-K{k}-N{n}" for r, k, n in CASES]
 
@@ -84,6 +85,22 @@ def test_selecting_rows_returns_the_dequantized_weight_bit_for_bit(spread, seed)
     assert torch.equal(got, want)
     for e in range(2):
         assert torch.equal(got[e * k : (e + 1) * k], values[e].T)
+
+
+def test_many_work_tiles_per_cta_return_the_dequantized_weights_bit_for_bit(seed):
+    """Eight experts' gate and up weights, one-hot activations: ~4 work tiles per CTA (two sets
+    x 8 experts x 16 x 2 tiles on 132 SMs), so the persistent CTAs move on through the pipeline's
+    stages across expert and set changes (the smaller cases give a CTA one tile). Each output
+    must be its weight's dequantized value, bit for bit."""
+    experts, n, k = 8, 2048, 512
+    gen = case_generator("many tiles", seed)
+    (w1, v1), (w2, v2) = (_weight(gen, experts, n, k, spread=60) for _ in range(2))
+    a = torch.eye(k, device="cuda").bfloat16().repeat(experts, 1)
+    counts = torch.full((experts,), k, dtype=torch.int32, device="cuda")
+    outputs = cuda_gemm.linear_mx(a, [w1, w2], counts)
+    for got, values in zip(outputs, (v1, v2), strict=True):
+        for e in range(experts):
+            assert torch.equal(got[e * k : (e + 1) * k], values[e].T), f"expert {e}"
 
 
 def test_nan_weights_and_nan_scales_give_nan_where_dequantize_does(seed):
