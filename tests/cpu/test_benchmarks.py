@@ -326,6 +326,29 @@ def test_ab_rejects_bad_arguments(argv, message, tmp_path, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_probe_gemm_problems_arguments_and_gpu_requirement(capsys):
+    probe = _load("probe_gemm")
+    assert probe.dims(probe.shapes.SHAPES["qwen3.5"], "down") == (20, 2048, 1024, 4096)
+    assert probe.dims(probe.shapes.SHAPES["dsv4-pro"], "gate") == (12, 2048, 7168, 3072)
+    base = ["--shape", "qwen3.5", "--gemm", "down", "--system", "kind4"]
+    args = probe.parse_args(base)
+    assert (args.launches, args.time) == (3, False)
+    for bad, message in (([*base, "--launches", "0"], "--launches must be >= 1, got 0"),
+                         ([*base[:3], "up", *base[4:]], "invalid choice: 'up'")):  # fmt: skip
+        with pytest.raises(SystemExit):
+            probe.parse_args(bad)
+        assert message in capsys.readouterr().err
+    done = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "probe_gemm.py"), *base],
+        env=_child_env() | {"CUDA_VISIBLE_DEVICES": ""},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip() == "probe_gemm: needs a CUDA GPU (none visible)"
+
+
 def test_gpu_only_systems_stay_out_of_the_smoke_run(single_rank_group):
     """mok_bf16_cg replays CUDA graphs: --smoke (CPU) leaves it out of its default systems,
     refuses it by name, and the system itself says it needs a GPU."""
