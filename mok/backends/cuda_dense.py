@@ -66,14 +66,15 @@ class DenseGemms(CudaElementwise, ExpertEngine):
     def linear_sum(self, terms) -> torch.Tensor:
         """The backward's d_x: the second product adds the first's fp32 result in its epilogue
         (`addmm`), instead of a separate add pass over both (0.08 ms on the DSV4-Pro-like
-        shape, benchmarks/NOTES.md v20)."""
+        shape, benchmarks/NOTES.md v20), in place: into a new tensor, addmm first copies the
+        sum's first term there (0.056 ms, v22)."""
         (a1, w1), (a2, w2) = terms
         if not (transposed_view(w1) and transposed_view(w2)):
             return super().linear_sum(terms)
         first = self.linear(a1, w1)  # fp32
         with sm_carveout(self.free_sms()):
             a2, w2_t = a2.to(torch.bfloat16), w2[0].to(torch.bfloat16).T
-            return torch.addmm(first, a2, w2_t, out_dtype=_F32)
+            return torch.addmm(first, a2, w2_t, out_dtype=_F32, out=first)
 
     def weight_grad(self, d_out: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
         """bf16 d_out^T a, accumulated in fp32 and rounded once (cuBLAS's bf16 output)."""
