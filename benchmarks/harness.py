@@ -66,6 +66,23 @@ def setup_distributed(*, cpu: bool, timeout_s: float) -> Dist:
 # ------------------------------------------------------------------------------------ timing
 
 
+def local_ms(fn: Callable[[], object], *, cuda: bool = True) -> float:
+    """This process's ms for one call of fn: CUDA events on the current stream (they bracket
+    the GPU work fn enqueues, and any host sync inside fn, like the baseline's split sizes, is
+    part of the measured time, as it should), or the host clock without CUDA. Needs no process
+    group: probes that time one GPU alone use it directly."""
+    if not cuda:
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e3
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
 @dataclass(frozen=True, slots=True)
 class Timing:
     """Slowest-rank ms per iteration (the median is reported); `power`: each GPU's, power.py."""
@@ -92,18 +109,7 @@ class Timer:
         return float(t.item())
 
     def _local_ms(self, fn: Callable[[], object]) -> float:
-        if not self.d.cuda:
-            start = time.perf_counter()
-            fn()
-            return (time.perf_counter() - start) * 1e3
-        # Events on the current stream: they bracket the GPU work fn enqueues, and any host
-        # sync inside fn (the baseline's split sizes) is part of the measured time, as it should.
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end)
+        return local_ms(fn, cuda=self.d.cuda)
 
     def _once(self, fn, setup) -> float:
         if setup is None:

@@ -25,6 +25,7 @@ import json
 import statistics
 import sys
 
+import harness
 import shapes
 import torch
 
@@ -76,16 +77,12 @@ def median_ms(launch, timings: int = 30, repeats: int = 5) -> float:
     """Median over `timings` of the mean time of `repeats` back-to-back launches, after 20."""
     for _ in range(20):
         launch()
-    times = []
-    for _ in range(timings):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+
+    def launches() -> None:
         for _ in range(repeats):
             launch()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / repeats)
-    return statistics.median(times)
+
+    return statistics.median(harness.local_ms(launches) / repeats for _ in range(timings))
 
 
 def main(argv=None) -> int:

@@ -150,6 +150,14 @@ def test_flop_count_is_the_originals():
     assert harness.flops(routed_only) == (6 * t * k * h * i, 12 * t * k * h * i)
 
 
+def test_local_ms_times_one_call_without_a_process_group():
+    harness = _load("harness")
+    calls = []
+    ms = harness.local_ms(lambda: (calls.append(1), time.sleep(0.02)), cuda=False)
+    assert calls == [1]
+    assert 20.0 <= ms < 2000.0
+
+
 def test_power_summary_of_nvidia_smi_samples():
     """Clock (MHz), board power (W) and the power-cap reason per sample; a line cut off when the
     sampler stopped is left out, and no samples give None."""

@@ -30,6 +30,23 @@ def _operands(gen, tokens, k, n):
 
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_linear_answers_each_layout_in_its_dtype(case, seed):
+    """The forward's contiguous [1, N, K] weight gives bf16 rows, the backward's transposed view
+    of the same values fp32 rows (d_h stays fp32); both are the same product."""
+    gen = case_generator(case, seed)
+    a, w_t = _operands(gen, *case)
+    w = w_t.contiguous()
+    gemms = DenseGemms(case[0], torch.device("cuda"))
+    forward, backward = gemms.linear(a, w), gemms.linear(a, w_t)
+    assert forward.dtype == torch.bfloat16 and backward.dtype == torch.float32
+    assert forward.shape == backward.shape == (case[0], case[2])
+    ref = a.float() @ w[0].float().T
+    tol = ref.abs().max().item()
+    torch.testing.assert_close(backward, ref, rtol=1e-3, atol=1e-3 * tol)
+    torch.testing.assert_close(forward.float(), ref, rtol=1e-2, atol=1e-2 * tol)
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_linear_sum_adds_both_products_in_fp32(case, seed):
     """d_x = a1 @ W1^T + a2 @ W2^T in fp32: the second product adds the first in cuBLAS's
     epilogue, in place; the bits of the same addmm into a new tensor, the inputs untouched."""
