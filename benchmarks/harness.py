@@ -108,14 +108,11 @@ class Timer:
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.d.group)
         return float(t.item())
 
-    def _local_ms(self, fn: Callable[[], object]) -> float:
-        return local_ms(fn, cuda=self.d.cuda)
-
     def _once(self, fn, setup) -> float:
         if setup is None:
-            return self.agree_max(self._local_ms(fn))
+            return self.agree_max(local_ms(fn, cuda=self.d.cuda))
         state = setup()  # untimed: e.g. the forward whose graph the timed backward consumes
-        return self.agree_max(self._local_ms(lambda: fn(state)))
+        return self.agree_max(local_ms(lambda: fn(state), cuda=self.d.cuda))
 
     def measure(self, fn: Callable, setup: Callable | None = None) -> Timing:
         """Warm up (at least once, until warmup_s), then iterate until budget_s or max_iters."""
