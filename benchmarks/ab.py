@@ -10,8 +10,9 @@ states (clocks and temperature drift over minutes; NOTES.md "Method"), and the s
 rounds shows how much a difference between arms means. Each measurement is run.py's, through
 torchrun, into DIR/NAME-ROUND/results.json; the table gives per system, shape and EP every arm's
 forward and backward medians round by round (the passes' GEMMs alone, run.py's `gemms:` lines,
-included), and DIR/ab.json holds them with the `mok` each arm imported (its path and build
-commit, from run.py's environment record).
+included; mok's eager passes also with their GPU busy ms, the steady measure of a build's GPU
+work where the host sets the timed ms), and DIR/ab.json holds them with the `mok` each arm
+imported (its path and build commit, from run.py's environment record).
 """
 
 from __future__ import annotations
@@ -103,23 +104,26 @@ def collect(out: Path, names: list[str], rounds: int) -> list[dict]:
 
 
 def _measurements(rec: dict):
-    """(system, forward timing, backward timing) of a record, then of the passes' GEMMs alone
-    that a baseline record carries (run.py's `gemms:<kernels>` lines)."""
-    yield rec["system"], rec.get("fwd"), rec.get("bwd")
+    """(system, forward timing, backward timing, GPU busy ms) of a record, then of the passes'
+    GEMMs alone that a baseline record carries (run.py's `gemms:<kernels>` lines)."""
+    yield rec["system"], rec.get("fwd"), rec.get("bwd"), rec.get("gpu_busy_ms") or {}
     for kernels, timings in (rec.get("gemm_pass") or {}).items():
-        yield f"gemms:{kernels}", timings.get("fwd"), timings.get("bwd")
+        yield f"gemms:{kernels}", timings.get("fwd"), timings.get("bwd"), {}
 
 
 def _add_run(rows: dict[tuple, dict], name: str, run: dict) -> None:
     """One run.py run's records into `rows`, as arm `name`'s next round."""
     env = run["env"]
     for rec in run["records"]:
-        for system, fwd, bwd in _measurements(rec):
+        for system, fwd, bwd, busy in _measurements(rec):
             key = (system, rec["shape"], rec["ep"])
             row = rows.setdefault(key, {"system": system, "shape": key[1], "ep": key[2]})
-            arm = row.setdefault(name, {"fwd_ms": [], "bwd_ms": []})
+            lists = ("fwd_ms", "bwd_ms", "fwd_busy_ms", "bwd_busy_ms")
+            arm = row.setdefault(name, {k: [] for k in lists})
             arm["fwd_ms"].append((fwd or {}).get("median_ms"))
             arm["bwd_ms"].append((bwd or {}).get("median_ms"))
+            arm["fwd_busy_ms"].append(busy.get("fwd"))
+            arm["bwd_busy_ms"].append(busy.get("bwd"))
             arm["mok_path"] = env.get("mok_path")
             arm["mok_build_commit"] = env.get("mok_build_commit")
 
@@ -128,11 +132,15 @@ def table(rows: list[dict], names: list[str]) -> str:
     def times(values) -> str:
         return ", ".join("-" if v is None else f"{v:.3f}" for v in values)
 
+    def cell(arm: dict) -> str:
+        text = f"{times(arm['fwd_ms'])} / {times(arm['bwd_ms'])}"
+        if any(v is not None for v in arm["fwd_busy_ms"] + arm["bwd_busy_ms"]):
+            text += f" (GPU busy {times(arm['fwd_busy_ms'])} / {times(arm['bwd_busy_ms'])})"
+        return text
+
     lines = [f"{'system':11} {'shape':14} EP  " + "   ".join(f"{n}: fwd / bwd ms" for n in names)]
     for row in rows:
-        cells = [
-            f"{times(row[n]['fwd_ms'])} / {times(row[n]['bwd_ms'])}" for n in names if n in row
-        ]
+        cells = [cell(row[n]) for n in names if n in row]
         lines.append(f"{row['system']:11} {row['shape']:14} {row['ep']:<3} " + "   ".join(cells))
     return "\n".join(lines)
 

@@ -85,16 +85,19 @@ class Step:
 def run(
     d: harness.Dist, timer: harness.Timer, shape: harness.Shape, sets: list, *, mxfp8: bool
 ) -> dict:
-    """Time forward (schedule + forward) and backward; return timings, set 0's outputs."""
+    """Time forward (schedule + forward) and backward; return timings, set 0's outputs and,
+    in `extra`, each pass's GPU busy time (harness.Timer.busy_ms; None on CPU)."""
     step = Step(d, shape, sets, mxfp8=mxfp8)
     fwd = timer.measure(step.forward)
     state = step.forward(0)
     bwd = timer.measure(lambda: step.backward(state))
+    busy = {"fwd": timer.busy_ms(step.forward), "bwd": timer.busy_ms(lambda: step.backward(state))}
     grads = step.backward(state)
     # One host sync, outside the timings: a capacity overflow or a bad expert id would have
     # made the numbers meaningless, so it fails the measurement instead.
     F.check_status(step.ws)
-    return {"fwd": fwd, "bwd": bwd, "outputs": _outputs(state[2], grads)}
+    extra = {"gpu_busy_ms": busy}
+    return {"fwd": fwd, "bwd": bwd, "outputs": _outputs(state[2], grads), "extra": extra}
 
 
 def _outputs(out, grads) -> dict:

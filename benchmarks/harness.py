@@ -83,6 +83,40 @@ def local_ms(fn: Callable[[], object], *, cuda: bool = True) -> float:
     return start.elapsed_time(end)
 
 
+def timeline_ms(spans: list[tuple[float, float]]) -> tuple[float, float, float]:
+    """From kernel spans (start, end in µs), the first a marker kernel enqueued just before the
+    timed call: (ms from the marker's end to the call's first kernel, ms with no kernel of the
+    call running between its first kernel's start and its last one's end, ms with one running).
+    Kernels on several streams may overlap; the busy time counts their union once."""
+    spans = sorted(spans)
+    if len(spans) < 2:
+        return 0.0, 0.0, 0.0
+    first = spans[1][0] - spans[0][1]
+    idle, reached = 0.0, spans[1][0]
+    for start, end in spans[1:]:
+        idle += max(0.0, start - reached)
+        reached = max(reached, end)
+    return first / 1e3, idle / 1e3, (reached - spans[1][0] - idle) / 1e3
+
+
+def gpu_timeline_ms(fn: Callable[[], object]) -> tuple[float, float, float]:
+    """timeline_ms of one call of fn started on an idle GPU, from torch.profiler's kernel
+    records: the busy time is the call's GPU work without the waits for the host, which the
+    events of local_ms include (and the profiler's own host cost would inflate)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    marker = torch.zeros(1, device="cuda")
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        marker.add_(1)
+        fn()
+        torch.cuda.synchronize()
+    cuda = torch.autograd.DeviceType.CUDA
+    return timeline_ms(
+        [(e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == cuda]
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Timing:
     """Slowest-rank ms per iteration (the median is reported); `power`: each GPU's, power.py."""
@@ -126,6 +160,15 @@ class Timer:
                 times.append(self._once(fn, setup))
         watts = power.per_rank(sampler.summary, self.d.group, len(times))
         return Timing(statistics.median(times), min(times), max(times), len(times), warm, watts)
+
+    def busy_ms(self, fn: Callable, calls: int = 5) -> float | None:
+        """The slowest rank's median GPU busy ms of fn over `calls` calls (gpu_timeline_ms;
+        None without CUDA). Host-bound passes move with the host's speed from run to run; their
+        busy time is the steady measure of the GPU work a build enqueues (NOTES v23)."""
+        if not self.d.cuda:
+            return None
+        busy = statistics.median(gpu_timeline_ms(fn)[2] for _ in range(calls))
+        return self.agree_max(busy)
 
 
 class Deadline:

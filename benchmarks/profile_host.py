@@ -45,31 +45,6 @@ def timed_call(fn) -> tuple[object, float, float]:
     return called["result"], called["host_ms"], gpu_ms
 
 
-def gpu_timeline_ms(fn) -> tuple[float, float, float]:
-    """(ms from the marker kernel enqueued just before fn to fn's first kernel, ms the GPU has
-    no kernel of fn running between that first kernel and the last one's end, ms it has one:
-    the pass's GPU time without host waits, which the profiler's own host cost inflates)."""
-    marker = torch.zeros(1, device="cuda")
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        marker.add_(1)
-        fn()
-        torch.cuda.synchronize()
-    spans = sorted(
-        (e.time_range.start, e.time_range.end)
-        for e in prof.events()
-        if e.device_type == torch.autograd.DeviceType.CUDA
-    )
-    if len(spans) < 2:
-        return 0.0, 0.0, 0.0
-    first = spans[1][0] - spans[0][1]
-    idle, reached = 0.0, spans[1][0]
-    for start, end in spans[1:]:
-        idle += max(0.0, start - reached)
-        reached = max(reached, end)
-    return first / 1e3, idle / 1e3, (reached - spans[1][0] - idle) / 1e3
-
-
 def measure(step, calls: int) -> dict:
     """Per pass: medians over `calls` calls of host ms, GPU ms, first-kernel delay, GPU idle and
     busy ms."""
@@ -78,7 +53,8 @@ def measure(step, calls: int) -> dict:
         state, host, gpu = timed_call(step.forward)
         backward = functools.partial(step.backward, state)
         _, b_host, b_gpu = timed_call(backward)
-        fwd_timeline, bwd_timeline = gpu_timeline_ms(step.forward), gpu_timeline_ms(backward)
+        fwd_timeline = harness.gpu_timeline_ms(step.forward)
+        bwd_timeline = harness.gpu_timeline_ms(backward)
         values = (host, gpu, *fwd_timeline, b_host, b_gpu, *bwd_timeline)
         names = ("fwd_host", "fwd_gpu", "fwd_first_kernel", "fwd_idle", "fwd_busy",
                  "bwd_host", "bwd_gpu", "bwd_first_kernel", "bwd_idle", "bwd_busy")  # fmt: skip

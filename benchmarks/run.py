@@ -217,9 +217,11 @@ def _rate(row: dict, phase: str, timing: dict, rate: float | None) -> tuple:
 
 def _line(system: str, row: dict, fwd: dict, bwd: dict, rate: float | None, note: str) -> str:
     (tf_f, x_f), (tf_b, x_b) = _rate(row, "fwd", fwd, rate), _rate(row, "bwd", bwd, rate)
+    busy = row.get("gpu_busy_ms") or {}
     return (
         f"{system:<11} {row['shape']:<13} {row['ep']:>2} "
         f"{_fmt(fwd.get('median_ms'), '8.2f')} {_fmt(bwd.get('median_ms'), '8.2f')} "
+        f"{_fmt(busy.get('fwd'), '8.2f')} {_fmt(busy.get('bwd'), '8.2f')} "
         f"{_fmt(tf_f, '8.1f')} {_fmt(tf_b, '8.1f')} {_fmt(x_f, '7.2f')} {_fmt(x_b, '7.2f')} "
         f"{_fmt(_clock(fwd), '7.0f')} {_fmt(_clock(bwd), '7.0f')} "
         f"{_fmt(_worst_check(row.get('check')), '8.1e')}  {note[:60]}"
@@ -228,7 +230,9 @@ def _line(system: str, row: dict, fwd: dict, bwd: dict, rate: float | None, note
 
 def table(run: dict) -> str:
     """The compact summary: floors line, then one line per (system, shape); after the
-    baseline's, its `gemm_pass` lines (each pass's GEMMs alone, `gemms:<kernels>`)."""
+    baseline's, its `gemm_pass` lines (each pass's GEMMs alone, `gemms:<kernels>`). `fwd busy`
+    and `bwd busy`: mok's eager passes' GPU busy ms (bench_mok), the steady measure where the
+    host sets the timed ms."""
     f = run["floors"] or {}
     nv = f.get("nvlink") or {}
     rate = f.get("gemm_bf16_tflops")
@@ -237,7 +241,8 @@ def table(run: dict) -> str:
         f"{_fmt(rate, '.1f')} TFLOP/s | D2D copy "
         f"{_fmt(f.get('d2d_copy_GBps'), '.0f')} GB/s | NVLink {_fmt(nv.get('unidir_GBps'), '.0f')}"
         f" GB/s one way, {_fmt(nv.get('bidir_GBps'), '.0f')} GB/s both",
-        f"{'system':<11} {'shape':<13} {'EP':>2} {'fwd ms':>8} {'bwd ms':>8} {'fwd TF/s':>8} "
+        f"{'system':<11} {'shape':<13} {'EP':>2} {'fwd ms':>8} {'bwd ms':>8} {'fwd busy':>8} "
+        f"{'bwd busy':>8} {'fwd TF/s':>8} "
         f"{'bwd TF/s':>8} {'fwd xfl':>7} {'bwd xfl':>7} {'fwd MHz':>7} {'bwd MHz':>7} "
         f"{'check':>8}  note",
     ]
@@ -245,7 +250,7 @@ def table(run: dict) -> str:
         note = r.get("error") or r.get("skipped") or ""
         lines.append(_line(r["system"], r, r["fwd"] or {}, r["bwd"] or {}, rate, note))
         for kernels, timings in (r.get("gemm_pass") or {}).items():
-            gemms = {**r, "check": None}
+            gemms = {**r, "check": None, "gpu_busy_ms": None}
             lines.append(_line(f"gemms:{kernels}", gemms, timings["fwd"], timings["bwd"], rate, ""))
     return "\n".join(lines)
 

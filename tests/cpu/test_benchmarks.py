@@ -109,6 +109,8 @@ def test_every_system_and_shape_measured(smoke, ep):
             assert timing["power"] == [None] * ep  # one entry per rank; no GPU to sample here
             assert r[f"tflops_{phase}"] > 0 and r[f"x_floor_{phase}"] > 0
         assert r["flops_bwd"] == 2 * r["flops_fwd"]
+        if r["system"].startswith("mok_"):  # busy time needs the GPU's kernel records
+            assert r["gpu_busy_ms"] == {"fwd": None, "bwd": None}
         if r["system"] == "nccl_torch":  # the yardstick of mok's expert GEMM kernels
             assert r["grouped_mm_gate_up_tflops"] > 0 and r["grouped_mm_down_tflops"] > 0
             # Each pass's GEMMs alone; mok's kernels need a Hopper GPU, so torch's only here.
@@ -156,6 +158,16 @@ def test_local_ms_times_one_call_without_a_process_group():
     ms = harness.local_ms(lambda: (calls.append(1), time.sleep(0.02)), cuda=False)
     assert calls == [1]
     assert 20.0 <= ms < 2000.0
+
+
+def test_timeline_counts_overlapping_kernels_once_and_the_host_waits_apart():
+    """harness.timeline_ms on kernel spans (µs): the marker [0, 10], the call's first kernel
+    20 µs after it, a second stream's kernel inside the first one, then a 10 µs gap."""
+    harness = _load("harness")
+    spans = [(100.0, 150.0), (0.0, 10.0), (30.0, 80.0), (40.0, 60.0), (70.0, 90.0)]
+    first, idle, busy = harness.timeline_ms(spans)
+    assert (first, idle, busy) == pytest.approx((0.020, 0.010, 0.110))
+    assert harness.timeline_ms([(0.0, 10.0)]) == (0.0, 0.0, 0.0)  # the call launched nothing
 
 
 def test_power_summary_of_nvidia_smi_samples():
@@ -311,6 +323,8 @@ def test_ab_runs_every_arm_in_every_round(tmp_path):
             assert len(row[arm]["fwd_ms"]) == len(row[arm]["bwd_ms"]) == 2
             assert all(ms > 0 for ms in row[arm]["fwd_ms"] + row[arm]["bwd_ms"])
             assert row[arm]["mok_path"] == str(here / "mok")
+            # GPU busy ms by round: none measured on CPU, for any system.
+            assert row[arm]["fwd_busy_ms"] == row[arm]["bwd_busy_ms"] == [None, None]
     assert "round 2/2: b" in done.stdout
     assert "a: fwd / bwd ms" in done.stdout and "b: fwd / bwd ms" in done.stdout
 
