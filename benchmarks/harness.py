@@ -161,13 +161,18 @@ class Timer:
         watts = power.per_rank(sampler.summary, self.d.group, len(times))
         return Timing(statistics.median(times), min(times), max(times), len(times), warm, watts)
 
-    def busy_ms(self, fn: Callable, calls: int = 5) -> float | None:
-        """The slowest rank's median GPU busy ms of fn over `calls` calls (gpu_timeline_ms;
-        None without CUDA). Host-bound passes move with the host's speed from run to run; their
-        busy time is the steady measure of the GPU work a build enqueues (NOTES v23)."""
+    def busy_ms(self, fn: Callable, calls: int = 20) -> float | None:
+        """The slowest rank's GPU busy ms per call of fn under sustained load (None without
+        CUDA): `calls` calls back to back, so the clock settles where the power limit leaves
+        it, then `calls` more in one gpu_timeline_ms, their busy time divided by `calls`.
+        Back to back, the host enqueues ahead of the GPU, so this is the GPU's work alone: the
+        steady measure of a build's GPU time where the host sets a single call's time (NOTES
+        v23, v24). Calls started on an idle GPU would read low on power-capped passes (v24)."""
         if not self.d.cuda:
             return None
-        busy = statistics.median(gpu_timeline_ms(fn)[2] for _ in range(calls))
+        for _ in range(calls):
+            fn()
+        busy = gpu_timeline_ms(lambda: [fn() for _ in range(calls)])[2] / calls
         return self.agree_max(busy)
 
 
