@@ -164,16 +164,16 @@ class Timer:
     def busy_ms(self, fn: Callable, calls: int = 20) -> float | None:
         """The slowest rank's GPU busy ms per call of fn under sustained load (None without
         CUDA): `calls` calls back to back, so the clock settles where the power limit leaves
-        it, then `calls` more in one gpu_timeline_ms, their busy time divided by `calls`.
-        Back to back, the host enqueues ahead of the GPU, so this is the GPU's work alone: the
-        steady measure of a build's GPU time where the host sets a single call's time (NOTES
-        v23, v24). Calls started on an idle GPU would read low on power-capped passes (v24)."""
+        it, then three gpu_timeline_ms of `calls` calls each, the median of their busy times
+        divided by `calls` (a process's first profiler session read 8% low, NOTES v24). Back
+        to back, the host enqueues ahead of the GPU, so this is the GPU's work alone: the
+        measure of a build's GPU time where the host sets a single call's time (v23, v24)."""
         if not self.d.cuda:
             return None
         for _ in range(calls):
             fn()
-        busy = gpu_timeline_ms(lambda: [fn() for _ in range(calls)])[2] / calls
-        return self.agree_max(busy)
+        sessions = [gpu_timeline_ms(lambda: [fn() for _ in range(calls)])[2] for _ in range(3)]
+        return self.agree_max(statistics.median(sessions) / calls)
 
 
 class Deadline:
