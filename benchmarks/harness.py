@@ -1,4 +1,5 @@
-"""The one benchmark harness: process group, timing, FLOPs, shapes, inputs, floors and records.
+"""The one benchmark harness: process group, timing, FLOPs, shapes, inputs and records (the
+floors, measured with its Timer, are in floors.py).
 
 Every `bench_<system>.py` measures through this module, so all systems share one timing method
 (DESIGN.md §8, device METHOD.md): warm-up, then per iteration the SLOWEST rank's time (an
@@ -165,7 +166,7 @@ class Timer:
         """The slowest rank's GPU busy ms per call of fn under sustained load (None without
         CUDA): `calls` calls back to back, so the clock settles where the power limit leaves
         it, then three gpu_timeline_ms of `calls` calls each, the median of their busy times
-        divided by `calls` (a process's first profiler session read 8% low, NOTES v24). Back
+        divided by `calls` (a process's first profiler session read 7-8% low, NOTES v24). Back
         to back, the host enqueues ahead of the GPU, so this is the GPU's work alone: the
         measure of a build's GPU time where the host sets a single call's time (v23, v24)."""
         if not self.d.cuda:
@@ -189,7 +190,7 @@ class Deadline:
 # ------------------------------------------------------------------------------------ inputs
 
 
-def _generator(device: torch.device, *key: object) -> torch.Generator:
+def seeded_generator(device: torch.device, *key: object) -> torch.Generator:
     # crc32, not hash(): Python randomises str hashes per process, and every rank (and every
     # run) must draw the same numbers for the same key.
     seed = zlib.crc32("/".join(map(str, key)).encode())
@@ -209,7 +210,7 @@ class Inputs:
 def make_inputs(shape: Shape, d: Dist, index: int) -> Inputs:
     """Input set `index` of this rank: unit-variance activations, uniformly random distinct
     top-k experts over all EP·E experts, router weights a softmax over the k picks."""
-    g = _generator(d.device, shape.name, "inputs", d.rank, index)
+    g = seeded_generator(d.device, shape.name, "inputs", d.rank, index)
     t, h, k = shape.tokens, shape.hidden, shape.topk
 
     def normal(*size: int) -> torch.Tensor:
@@ -241,102 +242,13 @@ def make_weights(shape: Shape, owner: int, device: torch.device) -> Weights:
     def linear(g: torch.Generator, *size: int) -> torch.Tensor:
         return (torch.randn(*size, generator=g, device=device) / size[-1] ** 0.5).bfloat16()
 
-    g = _generator(device, shape.name, "experts", owner)
+    g = seeded_generator(device, shape.name, "experts", owner)
     gate, up, down = linear(g, e, i, h), linear(g, e, i, h), linear(g, e, h, i)
     shared = None
     if shape.shared:
-        gs = _generator(device, shape.name, "shared")
+        gs = seeded_generator(device, shape.name, "shared")
         shared = (linear(gs, i, h), linear(gs, i, h), linear(gs, h, i))
     return Weights(gate, up, down, shared)
-
-
-# ------------------------------------------------------------------------------------ floors
-
-
-def gemm_tflops(d: Dist, timer: Timer, n: int) -> float:
-    """bf16 torch.mm rate on n³ random data, rotating 3 operand sets (3 × 2n² > L2)."""
-    g = _generator(d.device, "gemm", d.rank)
-    sets = [
-        tuple(torch.randn(n, n, generator=g, device=d.device).bfloat16() for _ in range(2))
-        for _ in range(3)
-    ]
-    out = torch.empty(n, n, dtype=torch.bfloat16, device=d.device)
-
-    def run() -> None:
-        for a, b in sets:
-            torch.mm(a, b, out=out)
-
-    t = timer.measure(run)
-    return len(sets) * 2 * n**3 / (t.median_ms * 1e-3) / 1e12
-
-
-def copy_gbps(d: Dist, timer: Timer, nbytes: int) -> float:
-    """Device-to-device copy bandwidth, counting bytes read plus bytes written."""
-    src = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device=d.device)
-    dst = torch.empty_like(src)
-    t = timer.measure(lambda: dst.copy_(src))
-    return 2 * nbytes / (t.median_ms * 1e-3) / 1e9
-
-
-def _peer_copies(nbytes: int, both: bool) -> Callable[[], None]:
-    """GPU0 -> GPU1 (and GPU1 -> GPU0) with tensor.copy_, ordered after and before the current
-    stream of GPU0 so that the timer's events bracket them."""
-    devices = (torch.device("cuda", 0), torch.device("cuda", 1))
-    src = [torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device=dev) for dev in devices]
-    dst = [torch.empty(nbytes, dtype=torch.uint8, device=dev) for dev in reversed(devices)]
-    # A cross-device copy_ runs on the source device's current stream and fences the
-    # destination device's current stream; each direction gets its own pair of streams so the
-    # two directions do not serialise on each other's fences.
-    streams = [(torch.cuda.Stream(devices[j]), torch.cuda.Stream(devices[1 - j])) for j in (0, 1)]
-    directions = (0, 1) if both else (0,)
-
-    def run() -> None:
-        main = torch.cuda.current_stream(devices[0])
-        for j in directions:
-            for s in streams[j]:
-                s.wait_stream(main)
-            with torch.cuda.stream(streams[j][0]), torch.cuda.stream(streams[j][1]):
-                dst[j].copy_(src[j])
-        for j in directions:
-            for s in streams[j]:
-                main.wait_stream(s)
-
-    return run
-
-
-def nvlink_gbps(d: Dist, timer: Timer, nbytes: int) -> dict | None:
-    """Peer copy bandwidth between GPU 0 and GPU 1 (rank 0 copies, the others idle in step);
-    None unless this process sees two GPUs."""
-    if not d.cuda or torch.cuda.device_count() < 2:
-        return None
-    result = {"bytes": nbytes, "peer_access": torch.cuda.can_device_access_peer(0, 1)}
-    for name, both in (("unidir_GBps", False), ("bidir_GBps", True)):
-        run, error = (lambda: None), None
-        if d.rank == 0:
-            try:  # e.g. an exclusive-process GPU refuses rank 0's context on GPU 1
-                run = _peer_copies(nbytes, both)
-            except RuntimeError as e:
-                error = f"{type(e).__name__}: {e}"
-        if timer.agree_max(float(error is not None)):  # every rank skips, or none
-            return {**result, "error": error or "failed on rank 0"}
-        t = timer.measure(run)
-        result[name] = (2 if both else 1) * nbytes / (t.median_ms * 1e-3) / 1e9
-        del run
-    torch.cuda.empty_cache()
-    return result
-
-
-def measure_floors(d: Dist, timer: Timer, *, gemm_n: int, copy_bytes: int) -> dict:
-    floors = {
-        "gemm_n": gemm_n,
-        "gemm_bf16_tflops": gemm_tflops(d, timer, gemm_n),
-        "copy_bytes": copy_bytes,
-        "d2d_copy_GBps": copy_gbps(d, timer, copy_bytes),
-        "nvlink": nvlink_gbps(d, timer, copy_bytes),
-    }
-    if d.cuda:
-        torch.cuda.empty_cache()
-    return floors
 
 
 # ---------------------------------------------------------------------------------- records

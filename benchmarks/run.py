@@ -28,6 +28,7 @@ import harness
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from floors import measure_floors
 
 SYSTEMS = {
     bench_nccl_torch.NAME: bench_nccl_torch.run,
@@ -131,7 +132,7 @@ class Session:
 
     def floors(self) -> None:
         smoke = self.args.smoke
-        self.run["floors"] = harness.measure_floors(
+        self.run["floors"] = measure_floors(
             self.d,
             self.timer,
             gemm_n=256 if smoke else 8192,
