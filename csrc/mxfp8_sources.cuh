@@ -77,6 +77,9 @@ struct RegisterRows {
 // The tile's rows as they are in x.
 struct LoadSource : RegisterRows {
   static constexpr bool kInTurns = false;
+  // The rows-rounding form held to 4 (64 registers, as before its packed path took it to 71).
+  template <int kLayouts>
+  static constexpr int kMinCtas = kLayouts == kRoundedRows ? 4 : 0;
 
   __device__ LoadSource(const Params& p, const Tile& t, int row0, int chunk) {
 #pragma unroll

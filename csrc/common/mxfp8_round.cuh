@@ -75,6 +75,18 @@ __device__ __forceinline__ float rounded_value_fast(float x, uint32_t floor_bits
   return __uint_as_float(__float_as_uint(rounded) | (bits & 0x80000000u));
 }
 
+// Packed form, for a word of two bf16 from a block the fast form covers whose magnitudes are
+// both at least its floor 2^(e-6) (fast_floor_bits >> 16 in bf16 bits): E4M3 normals once
+// scaled, which keep the top 3 of bf16's 7 mantissa bits. So both halves round to nearest even
+// in one integer add on the word: 7 plus the lowest kept bit carries into the kept bits exactly
+// when the 4 dropped bits round up (on into the exponent at a binade's end, as rounding does),
+// and the mask drops them. A finite half is at most 0x7f7f | sign, so the add never carries from
+// the low half into the high one. 4 instructions a pair against the fast form's ~17; the
+// rounding kernels are issue-bound (NOTES v24).
+__device__ __forceinline__ uint32_t rounded_pair_packed(uint32_t word) {
+  return (word + 0x00070007u + ((word >> 4) & 0x00010001u)) & 0xfff0fff0u;
+}
+
 // Two fp32 values as one packed bf16 pair (round to nearest even), the first in the low half.
 __device__ __forceinline__ uint32_t pack_bf16x2(float first, float second) {
   const __nv_bfloat162 pair = __floats2bfloat162_rn(first, second);

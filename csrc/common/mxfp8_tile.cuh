@@ -139,6 +139,14 @@ __device__ __forceinline__ void store_row_chunk(const Pair& pair, int64_t offset
   if ((chunk & 1) == 0) s_scale[swizzled_scale_offset(row, chunk / 2)] = e + kMaxExponent;
 }
 
+// The smallest magnitude's bits among the 16 bf16 of a row chunk.
+__device__ __forceinline__ uint32_t smallest_magnitude(const uint32_t (&w)[kWordsPerChunk]) {
+  uint32_t amin2 = 0xffffffffu;
+#pragma unroll
+  for (int i = 0; i < kWordsPerChunk; ++i) amin2 = __vminu2(amin2, w[i] & kAbsMask2);
+  return min(amin2 & 0xffffu, amin2 >> 16);
+}
+
 // Stores 8 packed bf16 pairs (16 values) at `dst` as two 16-byte vectors.
 __device__ __forceinline__ void store_packed16(uint16_t* dst,
                                                const uint32_t (&packed)[kWordsPerChunk]) {
@@ -161,7 +169,12 @@ __device__ __forceinline__ void store_rounded_chunk(uint16_t* dst,
     return exact_bf16 ? pack_exact_bf16x2(first, second) : pack_bf16x2(first, second);
   };
   uint32_t packed[kWordsPerChunk];
-  if (scale.floor_bits != 0) {
+  // Chunks with a zero or an element below the floor (rare in a block the fast form covers:
+  // |x| under ~2^-14 of the block's largest) take the per-element fast form.
+  if (!kF16 && scale.floor_bits != 0 && smallest_magnitude(w) >= (scale.floor_bits >> 16)) {
+#pragma unroll
+    for (int j = 0; j < kWordsPerChunk; ++j) packed[j] = rounded_pair_packed(w[j]);
+  } else if (scale.floor_bits != 0) {
 #pragma unroll
     for (int j = 0; j < kWordsPerChunk; ++j) {
       packed[j] = pack(rounded_value_fast(bf16_lo(w[j]), scale.floor_bits),
@@ -181,17 +194,33 @@ __device__ __forceinline__ void store_rounded_chunk(uint16_t* dst,
   store_packed16(dst, packed);
 }
 
-// Stores the values a GEMM reads for a row chunk (tile row `row`, columns from 16 * chunk)
-// quantized along the columns, i.e. in blocks of 32 rows: each column block's scale is the one
-// the transposed quantization staged, its floor bits in s_floor ([4 row blocks][128 columns])
-// and its scale byte in s_scale_t.
-__device__ __forceinline__ void store_rounded_rows_chunk(uint16_t* dst,
-                                                         const uint32_t (&w)[kWordsPerChunk],
-                                                         int row, int chunk,
-                                                         const uint32_t* s_floor,
-                                                         const uint8_t* s_scale_t) {
-  const uint4* staged = reinterpret_cast<const uint4*>(s_floor + (row / kBlock) * kTile) +
-                        chunk * (kChunk / 4);
+// Whether a row chunk takes rounded_pair_packed: every column block covered by the fast form
+// (floor bits not 0) and every magnitude at least its block's floor. Read from the staged floor
+// bits four at a time, so the chunk's 16 floors are not held in registers for the other forms
+// (holding them took the kernel from 64 to 75 registers, 3 CTAs per SM instead of 4).
+__device__ __forceinline__ bool packed_rows_chunk(const uint32_t (&w)[kWordsPerChunk],
+                                                  const uint4* staged) {
+  bool packed = true;
+#pragma unroll
+  for (int i = 0; i < kChunk / 4; ++i) {
+    const uint4 v = staged[i];
+    const uint32_t lowest = min(min(v.x, v.y), min(v.z, v.w));
+    const uint32_t floor01 = __byte_perm(v.x, v.y, 0x7632);  // as bf16 bits, two per word
+    const uint32_t floor23 = __byte_perm(v.z, v.w, 0x7632);
+    const uint32_t m01 = w[2 * i] & kAbsMask2;
+    const uint32_t m23 = w[2 * i + 1] & kAbsMask2;
+    packed = packed && lowest != 0 && __vmaxu2(m01, floor01) == m01 &&
+             __vmaxu2(m23, floor23) == m23;
+  }
+  return packed;
+}
+
+// The rows-rounded values of a row chunk that packed_rows_chunk turns down: the fast form where
+// all 16 column blocks are covered, else the exact form from the staged scale bytes.
+__device__ __forceinline__ void rounded_rows_by_element(uint32_t (&packed)[kWordsPerChunk],
+                                                        const uint32_t (&w)[kWordsPerChunk],
+                                                        int row, int chunk, const uint4* staged,
+                                                        const uint8_t* s_scale_t) {
   uint32_t floor[kChunk];
 #pragma unroll
   for (int i = 0; i < kChunk / 4; ++i) {
@@ -204,27 +233,46 @@ __device__ __forceinline__ void store_rounded_rows_chunk(uint16_t* dst,
   uint32_t covered = floor[0];
 #pragma unroll
   for (int i = 1; i < kChunk; ++i) covered = min(covered, floor[i]);
-  uint32_t packed[kWordsPerChunk];
   if (covered != 0) {
 #pragma unroll
     for (int j = 0; j < kWordsPerChunk; ++j) {
       packed[j] = pack_exact_bf16x2(rounded_value_fast(bf16_lo(w[j]), floor[2 * j]),
                                     rounded_value_fast(bf16_hi(w[j]), floor[2 * j + 1]));
     }
-  } else {
+    return;
+  }
 #pragma unroll
-    for (int j = 0; j < kWordsPerChunk; ++j) {
-      float pair[2];
+  for (int j = 0; j < kWordsPerChunk; ++j) {
+    float pair[2];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int col = chunk * kChunk + 2 * j + h;
-        const uint32_t byte = s_scale_t[swizzled_scale_offset(col, row / kBlock)];
-        pair[h] = rounded_value(h ? bf16_hi(w[j]) : bf16_lo(w[j]),
-                                inverse_scale(static_cast<int>(byte) - kMaxExponent),
-                                scale_value(byte));
-      }
-      packed[j] = pack_bf16x2(pair[0], pair[1]);
+    for (int h = 0; h < 2; ++h) {
+      const int col = chunk * kChunk + 2 * j + h;
+      const uint32_t byte = s_scale_t[swizzled_scale_offset(col, row / kBlock)];
+      pair[h] = rounded_value(h ? bf16_hi(w[j]) : bf16_lo(w[j]),
+                              inverse_scale(static_cast<int>(byte) - kMaxExponent),
+                              scale_value(byte));
     }
+    packed[j] = pack_bf16x2(pair[0], pair[1]);
+  }
+}
+
+// Stores the values a GEMM reads for a row chunk (tile row `row`, columns from 16 * chunk)
+// quantized along the columns, i.e. in blocks of 32 rows: each column block's scale is the one
+// the transposed quantization staged, its floor bits in s_floor ([4 row blocks][128 columns])
+// and its scale byte in s_scale_t.
+__device__ __forceinline__ void store_rounded_rows_chunk(uint16_t* dst,
+                                                         const uint32_t (&w)[kWordsPerChunk],
+                                                         int row, int chunk,
+                                                         const uint32_t* s_floor,
+                                                         const uint8_t* s_scale_t) {
+  const uint4* staged = reinterpret_cast<const uint4*>(s_floor + (row / kBlock) * kTile) +
+                        chunk * (kChunk / 4);
+  uint32_t packed[kWordsPerChunk];
+  if (packed_rows_chunk(w, staged)) {
+#pragma unroll
+    for (int j = 0; j < kWordsPerChunk; ++j) packed[j] = rounded_pair_packed(w[j]);
+  } else {
+    rounded_rows_by_element(packed, w, row, chunk, staged, s_scale_t);
   }
   store_packed16(dst, packed);
 }
@@ -238,13 +286,19 @@ __device__ __forceinline__ void quantize_column_chunk(uint8_t* out, int64_t rows
                                                       const uint32_t* s_tile, uint8_t* s_scale_t,
                                                       uint32_t* s_floor) {
   uint32_t w[kChunk];
-  uint32_t amax2 = 0;
   uint32_t with_nan2 = 0;  // the maximum with NaN taking part: above kInf2 where a NaN is
 #pragma unroll
   for (int i = 0; i < kChunk; ++i) {
-    const uint32_t word = s_tile[(c * kChunk + i) * kPitch + pair];
-    with_nan2 = __vmaxu2(with_nan2, word & kAbsMask2);
-    w[i] = scan_pair(word, amax2);
+    w[i] = s_tile[(c * kChunk + i) * kPitch + pair];
+    with_nan2 = __vmaxu2(with_nan2, w[i] & kAbsMask2);
+  }
+  // Without a NaN in the lane's 16 rows that is the maximum; with one, they are scanned the
+  // exact way (scan_pair), as row_chunk_scale does: 2 instructions a word on the common path.
+  uint32_t amax2 = with_nan2;
+  if (__vcmpgtu2(with_nan2, kInf2) != 0) {
+    amax2 = 0;
+#pragma unroll
+    for (int i = 0; i < kChunk; ++i) w[i] = scan_pair(w[i], amax2);
   }
   amax2 = __vmaxu2(amax2, __shfl_xor_sync(0xffffffffu, amax2, 16));
   const int e_lo = scale_exponent(amax2 & 0xffffu);

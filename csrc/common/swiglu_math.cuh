@@ -14,11 +14,15 @@ __device__ __forceinline__ float clamp_up(float u, bool has_limit, float limit) 
   return has_limit ? fminf(fmaxf(u, -limit), limit) : u;
 }
 
-// silu(min(gate, L)) * clamp(up, -L, L) in fp32, before the store's rounding.
+// silu(min(gate, L)) * clamp(up, -L, L) in fp32, before the store's rounding to bf16. exp and
+// the division are the hardware's approximations (ex2 and rcp: a few fp32 ulps, far below
+// bf16's rounding), not the IEEE-exact forms, which took ~20 instructions an element and kept
+// the fused SwiGLU + MXFP8 pass issue-bound (NOTES v25). For g below ~-87, where 1 + exp(-g)
+// passes 2^126, __fdividef gives 0 for silu's tiny negative value.
 __device__ __forceinline__ float swiglu_value(float gate, float up, bool has_limit, float limit) {
   const float g = clamp_gate(gate, has_limit, limit);
   const float u = clamp_up(up, has_limit, limit);
-  return __fmul_rn(__fdiv_rn(g, 1.0f + expf(-g)), u);
+  return __fmul_rn(__fdividef(g, 1.0f + __expf(-g)), u);
 }
 
 }  // namespace mok::experts

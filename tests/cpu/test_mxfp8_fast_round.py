@@ -74,3 +74,42 @@ def test_fast_form_is_quantize_then_dequantize_for_every_bf16():
             first = block[wrong][0].item()
             mismatches.append(f"e={e}: {int(wrong.sum())} values, first x={first!r}")
     assert not mismatches, "; ".join(mismatches[:5])
+
+
+PACKED_FORM = "return (word + 0x00070007u + ((word >> 4) & 0x00010001u)) & 0xfff0fff0u;"
+
+
+def _packed_form(high: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
+    """rounded_pair_packed on words of two bf16 (int64 bit patterns of the halves), in 32 bits:
+    the header's expression, which the test checks is still the one computed here."""
+    assert PACKED_FORM in HEADER.read_text(), f"rounded_pair_packed changed in {HEADER}"
+    word = (high << 16) | low
+    rounded = (word + 0x00070007 + ((word >> 4) & 0x00010001)) & 0xFFF0FFF0
+    return rounded & 0xFFFFFFFF
+
+
+def test_packed_form_is_quantize_then_dequantize_at_and_above_the_floor():
+    """The packed form, which the kernels take for a chunk whose magnitudes are all at least the
+    block's floor 2^(e-6), rounds both halves of a word as quantize + dequantize does, for every
+    such bf16 (each value once in the high half and once in the low half, beside another)."""
+    x = _finite_bf16()
+    mismatches = []
+    for e in range(_constant("kFastMinExponent"), _constant("kFastMaxExponent") + 1):
+        floor = 2.0 ** (e - 6)
+        block = x[(x.abs() <= 448.0 * 2.0**e) & (x.abs() >= floor)]
+        want = (mxfp8.to_e4m3(block * 2.0**-e).float() * 2.0**e).to(torch.bfloat16)
+        want = want.view(torch.int16).to(torch.int64) & 0xFFFF
+        bits = block.to(torch.bfloat16).view(torch.int16).to(torch.int64) & 0xFFFF
+        partner = bits.flip(0)
+        word = _packed_form(bits, partner)
+        swapped = _packed_form(partner, bits)
+        wrong = ((word >> 16) != want) | ((swapped & 0xFFFF) != want)
+        if wrong.any():
+            mismatches.append(f"e={e}: {int(wrong.sum())} values, first x={block[wrong][0]!r}")
+    assert not mismatches, "; ".join(mismatches[:5])
+
+
+def test_packed_form_never_carries_out_of_a_finite_half():
+    """The add's carry stays in its half for every finite bf16 (either sign)."""
+    bits = _finite_bf16().to(torch.bfloat16).view(torch.int16).to(torch.int64) & 0xFFFF
+    assert int((bits + 7 + ((bits >> 4) & 1)).max()) < 0x10000

@@ -31,7 +31,8 @@ def _random_bf16(shape: tuple[int, ...], seed: int, special: bool) -> torch.Tens
     """Normal data with a wide per-row dynamic range; `special` adds zero blocks, +-inf, NaN,
     bf16 subnormals, values at the top of the range, and blocks whose scale exponent is at
     either edge of the kernels' fast rounding form (-121, -120, 98, 99: csrc/common/
-    mxfp8_round.cuh), the largest element 448 * 2^e exactly, the others spread below it."""
+    mxfp8_round.cuh), the largest element 448 * 2^e exactly, the others spread below it, and
+    blocks with elements at and just below the floor of the kernels' packed form."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(shape, generator=gen, device="cuda")
     exponents = torch.randint(-40, 40, (*shape[:-1], 1), generator=gen, device="cuda")
@@ -39,8 +40,8 @@ def _random_bf16(shape: tuple[int, ...], seed: int, special: bool) -> torch.Tens
     if special:
         flat = x.view(-1, 32)
         count = max(1, flat.shape[0] // 64)
-        picks = torch.randint(0, flat.shape[0], (10, count), generator=gen, device="cuda")
-        for pick, exponent in zip(picks[6:], (-121, -120, 98, 99), strict=True):
+        picks = torch.randint(0, flat.shape[0], (11, count), generator=gen, device="cuda")
+        for pick, exponent in zip(picks[6:10], (-121, -120, 98, 99), strict=True):
             block = flat[pick].float()
             top = block.abs().amax(dim=-1, keepdim=True).clamp_min(1e-30)
             flat[pick] = (block / top * 448.0 * 2.0**exponent).to(torch.bfloat16)
@@ -50,7 +51,21 @@ def _random_bf16(shape: tuple[int, ...], seed: int, special: bool) -> torch.Tens
         flat[picks[3], 11] = float("nan")
         flat[picks[4]] = flat[picks[4]] * 2.0**-120  # bf16 subnormals and underflow to zero
         flat[picks[5], 0] = 3.0e38
+        _floor_blocks(flat, picks[10])
     return x
+
+
+def _floor_blocks(flat: torch.Tensor, pick: torch.Tensor) -> None:
+    """Blocks with scale 2^-3 holding their floor 2^(e-6) (the smallest E4M3 normal once
+    scaled): in the first 16-element chunk beside a zero and the bf16 just below the floor (the
+    kernels' per-element form), alone at the floor in the second (their packed form)."""
+    block = flat[pick].float().abs().clamp(1.0, 400.0) * 2.0**-3
+    block[:, 0] = 448.0 * 2.0**-3
+    floor = 2.0**-9
+    block[:, 1], block[:, 2], block[:, 3], block[:, 4] = floor, -floor * (1 - 2.0**-8), 0.0, -floor
+    block[:, 16] = floor
+    block[:, 17] = -floor
+    flat[pick] = block.to(torch.bfloat16)
 
 
 def _poisoned(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
