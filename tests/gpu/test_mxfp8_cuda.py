@@ -27,16 +27,21 @@ requires_module = requires_gpu_module()
 seed = module_seed("mxfp8 cuda")
 
 
-def _random_bf16(shape: tuple[int, ...], seed: int, special: bool) -> torch.Tensor:
-    """Normal data with a wide per-row dynamic range; `special` adds zero blocks, +-inf, NaN,
-    bf16 subnormals, values at the top of the range, and blocks whose scale exponent is at
-    either edge of the kernels' fast rounding form (-121, -120, 98, 99: csrc/common/
-    mxfp8_round.cuh), the largest element 448 * 2^e exactly, the others spread below it, and
-    blocks with elements at and just below the floor of the kernels' packed form."""
+def _random_bf16(
+    shape: tuple[int, ...], seed: int, special: bool, row_spread: int = 40
+) -> torch.Tensor:
+    """Normal data, each row scaled by 2^j for a random j in [-row_spread, row_spread) (0: one
+    scale for all, so most 32-row column blocks hold no element below their floor); `special`
+    adds zero blocks, +-inf, NaN, bf16 subnormals, values at the top of the range, blocks whose
+    scale exponent is at either edge of the kernels' fast rounding form (-121, -120, 98, 99:
+    csrc/common/mxfp8_round.cuh), the largest element 448 * 2^e exactly, the others spread
+    below it, and blocks with elements at and just below the floor of the kernels' packed form."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(shape, generator=gen, device="cuda")
-    exponents = torch.randint(-40, 40, (*shape[:-1], 1), generator=gen, device="cuda")
-    x = (x * torch.exp2(exponents.float())).to(torch.bfloat16)
+    if row_spread:
+        j = torch.randint(-row_spread, row_spread, (*shape[:-1], 1), generator=gen, device="cuda")
+        x = x * torch.exp2(j.float())
+    x = x.to(torch.bfloat16)
     if special:
         flat = x.view(-1, 32)
         count = max(1, flat.shape[0] // 64)
@@ -176,13 +181,19 @@ def _assert_same_values(got: torch.Tensor, want: torch.Tensor, what: str) -> Non
         )
 
 
+ROUND_DATA = {"randn": (False, 40), "special-values": (True, 40), "one-scale": (False, 0)}
+
+
 @requires_module
-@pytest.mark.parametrize("special", [False, True], ids=["randn", "special-values"])
+@pytest.mark.parametrize("data", list(ROUND_DATA))
 @pytest.mark.parametrize("shape", [(128, 128), (640, 384), (2, 256, 512)], ids=str)
-def test_round_is_quantize_then_dequantize_in_one_pass(shape, special, seed):
+def test_round_is_quantize_then_dequantize_in_one_pass(shape, data, seed):
     """mxfp8_round's values == mxfp8_dequantize(normal pair), its pair == the quantizer's
-    transposed pair, and mxfp8_round_rows == the transposed pair dequantized, bit for bit."""
-    x = _random_bf16(shape, seed, special)
+    transposed pair, and mxfp8_round_rows == the transposed pair dequantized, bit for bit.
+    "one-scale" rows share a scale, so the rows rounding's column blocks take its packed form
+    (csrc/common/mxfp8_round.cuh) as well as the per-element ones."""
+    special, row_spread = ROUND_DATA[data]
+    x = _random_bf16(shape, seed, special, row_spread)
     data, scales, data_t, scales_t = cuda_backend.mxfp8_quantize(x, True, True)
     want = cuda_backend.mxfp8_dequantize(data, scales)
     values, pair_t = cuda_backend.mxfp8_round(x, transposed=True)
