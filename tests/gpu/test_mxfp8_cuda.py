@@ -185,14 +185,14 @@ ROUND_DATA = {"randn": (False, 40), "special-values": (True, 40), "one-scale": (
 
 
 @requires_module
-@pytest.mark.parametrize("data", list(ROUND_DATA))
+@pytest.mark.parametrize("dataset", list(ROUND_DATA))
 @pytest.mark.parametrize("shape", [(128, 128), (640, 384), (2, 256, 512)], ids=str)
-def test_round_is_quantize_then_dequantize_in_one_pass(shape, data, seed):
+def test_round_is_quantize_then_dequantize_in_one_pass(shape, dataset, seed):
     """mxfp8_round's values == mxfp8_dequantize(normal pair), its pair == the quantizer's
     transposed pair, and mxfp8_round_rows == the transposed pair dequantized, bit for bit.
     "one-scale" rows share a scale, so the rows rounding's column blocks take its packed form
     (csrc/common/mxfp8_round.cuh) as well as the per-element ones."""
-    special, row_spread = ROUND_DATA[data]
+    special, row_spread = ROUND_DATA[dataset]
     x = _random_bf16(shape, seed, special, row_spread)
     data, scales, data_t, scales_t = cuda_backend.mxfp8_quantize(x, True, True)
     want = cuda_backend.mxfp8_dequantize(data, scales)
