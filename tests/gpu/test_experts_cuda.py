@@ -18,8 +18,11 @@ from mok.backends.reference_experts import ExpertEngine
 
 pytestmark = [pytest.mark.gpu, requires_gpu_module()]
 
-# (rows, used rows, inter, limit)
-CASES = [(256, 256, 128, None), (768, 300, 1536, 7.0), (512, 0, 256, 1.0), (1024, 1000, 3072, None)]
+# (rows, used rows, inter, limit); the kernels take 8 rows a CTA, so 261 leaves a partial CTA.
+CASES = [
+    (256, 256, 128, None), (768, 300, 1536, 7.0), (512, 0, 256, 1.0), (1024, 1000, 3072, None),
+    (261, 200, 1024, 7.0),
+]  # fmt: skip
 IDS = [f"R{r}-used{u}-I{i}-L{lim}" for r, u, i, lim in CASES]
 
 
@@ -82,7 +85,7 @@ def test_scale_rows(case, seed):
     _close(cuda_experts.scale_rows(x, w, num_tokens), ExpertEngine.scale_rows(x, w), used)
 
 
-@pytest.mark.parametrize("case", CASES, ids=IDS)
+@pytest.mark.parametrize("case", CASES[:4], ids=IDS[:4])  # rows in MXFP8's 128-row tiles
 def test_swiglu_mxfp8_is_the_unfused_steps_bit_for_bit(case, seed):
     """The fused SwiGLU + MXFP8 pass writes exactly what the SwiGLU kernel, the rounding of
     hidden (with its transposed pair) and the quantization of gate and up write."""
