@@ -1,11 +1,8 @@
 // The expert elementwise kernels: SwiGLU forward and backward, router-weight row scaling.
 //
-// Each row is handled by one warp in 16-byte vectors (8 bf16), kWarps rows to a CTA: a warp past
-// the used rows writes zeros and leaves. (A CTA a row left threads idle wherever a row's vectors
-// were not a multiple of its 256 threads, and paid a CTA launch and a shared-memory tree a row:
-// NOTES v27.) The backward's row sum (the router-weight gradient) is reduced in a fixed order --
-// each lane's columns in order, then a fixed butterfly across the warp -- so it is bitwise
-// reproducible.
+// Each row is handled by one CTA in 16-byte vectors (8 bf16): a CTA past the used rows writes
+// zeros and leaves. The backward's row sum (the router-weight gradient) is reduced in a fixed
+// order -- each thread's columns in order, then a fixed tree -- so it is bitwise reproducible.
 #include <cuda_bf16.h>
 
 #include <cstdint>
@@ -18,8 +15,7 @@ namespace mok::experts {
 // make the binary depend on where it was built.
 namespace detail {
 
-constexpr int kWarps = 8;  // rows per CTA
-constexpr int kLanes = 32;
+constexpr int kThreads = 256;
 constexpr int kVector = 8;  // bf16 per 16 bytes
 
 struct Bf16x8 {
@@ -42,23 +38,19 @@ __device__ void store8(void* base, int64_t index, const Bf16x8& v) {
   reinterpret_cast<uint4*>(base)[index] = v.raw;
 }
 
-// This warp's row and lane.
-__device__ int64_t warp_row() { return int64_t{blockIdx.x} * kWarps + threadIdx.x / kLanes; }
-__device__ int lane() { return threadIdx.x % kLanes; }
-
 __device__ void zero_row(void* base, int64_t row, int64_t vectors) {
   if (base == nullptr) return;  // an output whose unused rows stay untouched
   auto* out = reinterpret_cast<uint4*>(base) + row * vectors;
-  for (int64_t v = lane(); v < vectors; v += kLanes) out[v] = make_uint4(0, 0, 0, 0);
+  for (int64_t v = threadIdx.x; v < vectors; v += blockDim.x) out[v] = make_uint4(0, 0, 0, 0);
 }
 
 // `output` when its rows past num_tokens are to be zeroed, else null (they stay as they are).
 __device__ void* zeroed_rest(void* output, bool zero_rest) { return zero_rest ? output : nullptr; }
 
-// True for a warp's row past the used rows, after zeroing the row in every non-null output.
+// True for this CTA's row past the used rows, after zeroing the row in every non-null output.
 template <class... Outputs>
-__device__ bool past_used_rows(int64_t row, const int32_t* num_tokens, int64_t vectors,
-                               Outputs*... outputs) {
+__device__ bool past_used_rows(const int32_t* num_tokens, int64_t vectors, Outputs*... outputs) {
+  const int64_t row = blockIdx.x;
   if (row < *num_tokens) return false;
   (zero_row(outputs, row, vectors), ...);
   return true;
@@ -69,17 +61,13 @@ __device__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 // kLimit: whether args.has_limit is set, as a template argument, so that the common unclamped
 // form carries no per-element clamp or flag test. (The backward keeps the run-time flag: as a
-// template argument it took 62 registers against 48, and held to 48 it spilled, in the form of
-// a CTA a row.)
+// template argument it took 62 registers against 48, and held to 48 it spilled.)
 template <bool kLimit>
 __global__ void swiglu_kernel(SwigluArgs args) {
-  const int64_t row = warp_row();
+  const int64_t row = blockIdx.x;
   const int64_t vectors = args.inter / kVector;
-  if (row >= args.rows) return;
-  if (past_used_rows(row, args.num_tokens, vectors, zeroed_rest(args.hidden, args.zero_rest))) {
-    return;
-  }
-  for (int64_t v = lane(); v < vectors; v += kLanes) {
+  if (past_used_rows(args.num_tokens, vectors, zeroed_rest(args.hidden, args.zero_rest))) return;
+  for (int64_t v = threadIdx.x; v < vectors; v += blockDim.x) {
     const int64_t index = row * vectors + v;
     const Bf16x8 gate = load8(args.gate, index);
     const Bf16x8 up = load8(args.up, index);
@@ -91,13 +79,15 @@ __global__ void swiglu_kernel(SwigluArgs args) {
   }
 }
 
-// Fixed-order warp sum: a butterfly over the lanes' partial sums (every lane gets the total).
-__device__ float warp_sum(float value) {
-#pragma unroll
-  for (int width = kLanes / 2; width > 0; width /= 2) {
-    value = __fadd_rn(value, __shfl_xor_sync(0xffffffffu, value, width));
+// Fixed-order block sum: shared-memory tree over kThreads partial sums.
+__device__ float block_sum(float value, float* scratch) {
+  scratch[threadIdx.x] = value;
+  __syncthreads();
+  for (int width = kThreads / 2; width > 0; width /= 2) {
+    if (threadIdx.x < width) scratch[threadIdx.x] += scratch[threadIdx.x + width];
+    __syncthreads();
   }
-  return value;
+  return scratch[0];
 }
 
 struct SwigluGrad {
@@ -121,19 +111,19 @@ __device__ SwigluGrad swiglu_grad(float d_scaled, float gate, float up, bool has
 }
 
 __global__ void swiglu_backward_kernel(SwigluBackwardArgs args) {
-  const int64_t row = warp_row();
+  __shared__ float scratch[kThreads];
+  const int64_t row = blockIdx.x;
   const int64_t vectors = args.inter / kVector;
   const bool zero = args.zero_rest;
-  if (row >= args.rows) return;
-  if (past_used_rows(row, args.num_tokens, vectors, zeroed_rest(args.d_gate, zero),
+  if (past_used_rows(args.num_tokens, vectors, zeroed_rest(args.d_gate, zero),
                      zeroed_rest(args.d_up, zero), zeroed_rest(args.d_hidden, zero),
                      zeroed_rest(args.scaled_hidden, zero))) {
-    if (lane() == 0) args.d_router_weight[row] = 0.0f;
+    if (threadIdx.x == 0) args.d_router_weight[row] = 0.0f;
     return;
   }
   const float rw = args.router_weight[row];
   float dot = 0.0f;
-  for (int64_t v = lane(); v < vectors; v += kLanes) {
+  for (int64_t v = threadIdx.x; v < vectors; v += blockDim.x) {
     const int64_t index = row * vectors + v;
     const float4* d_h = reinterpret_cast<const float4*>(args.d_h) + 2 * index;
     const float4 lo = d_h[0], hi = d_h[1];
@@ -157,19 +147,16 @@ __global__ void swiglu_backward_kernel(SwigluBackwardArgs args) {
     store8(args.d_hidden, index, d_hidden);
     if (args.scaled_hidden != nullptr) store8(args.scaled_hidden, index, scaled_hidden);
   }
-  const float total = warp_sum(dot);
-  if (lane() == 0) args.d_router_weight[row] = total;
+  const float total = block_sum(dot, scratch);
+  if (threadIdx.x == 0) args.d_router_weight[row] = total;
 }
 
 __global__ void scale_rows_kernel(ScaleRowsArgs args) {
-  const int64_t row = warp_row();
+  const int64_t row = blockIdx.x;
   const int64_t vectors = args.cols / kVector;
-  if (row >= args.rows) return;
-  if (past_used_rows(row, args.num_tokens, vectors, zeroed_rest(args.out, args.zero_rest))) {
-    return;
-  }
+  if (past_used_rows(args.num_tokens, vectors, zeroed_rest(args.out, args.zero_rest))) return;
   const float weight = args.weight[row];
-  for (int64_t v = lane(); v < vectors; v += kLanes) {
+  for (int64_t v = threadIdx.x; v < vectors; v += blockDim.x) {
     const Bf16x8 x = load8(args.x, row * vectors + v);
     Bf16x8 out;
     for (int i = 0; i < kVector; ++i) out.set(i, __fmul_rn(weight, x.get(i)));
@@ -177,12 +164,11 @@ __global__ void scale_rows_kernel(ScaleRowsArgs args) {
   }
 }
 
-// One warp per row, kWarps rows to a CTA.
+// One CTA per row.
 template <class Args>
 cudaError_t launch_rows(void (*kernel)(Args), const Args& args, cudaStream_t stream) {
   if (args.rows == 0) return cudaSuccess;
-  const auto ctas = static_cast<unsigned>((args.rows + kWarps - 1) / kWarps);
-  kernel<<<ctas, kWarps * kLanes, 0, stream>>>(args);
+  kernel<<<static_cast<unsigned>(args.rows), kThreads, 0, stream>>>(args);
   return cudaGetLastError();
 }
 
