@@ -18,7 +18,7 @@ from mok.backends.reference_experts import ExpertEngine
 
 pytestmark = [pytest.mark.gpu, requires_gpu_module()]
 
-# (rows, used rows, inter, limit); the kernels take 8 rows a CTA, so 261 leaves a partial CTA.
+# (rows, used rows, inter, limit); 261 rows: an odd count, no multiple of a 128-row tile.
 CASES = [
     (256, 256, 128, None), (768, 300, 1536, 7.0), (512, 0, 256, 1.0), (1024, 1000, 3072, None),
     (261, 200, 1024, 7.0),
