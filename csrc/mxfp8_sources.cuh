@@ -96,12 +96,11 @@ struct LoadSource : RegisterRows {
 // kernel.
 struct GatherSource : RegisterRows {
   static constexpr bool kInTurns = true;
-  // 4 CTAs per SM. The rebased gather: 64 registers; left alone it took 80 and ran 20-30%
-  // slower (1x H200, NOTES v17, v18). The plain one: 63; held to 5 CTAs (48 registers) it ran
-  // 0.236 -> 0.227 ms on the Qwen3.5-like forward (NOTES v25), but spills there (76 bytes)
-  // since store_packed16 trades halves between lanes (NOTES v27).
+  // The rebased gather: 4 (64 registers); left alone it took 80 and ran 20-30% slower (1x
+  // H200, NOTES v17, v18). The plain one: 5 (48 registers, no spills since its packed rounding;
+  // 63 and 4 CTAs left alone): 0.236 -> 0.227 ms on the Qwen3.5-like forward (NOTES v25).
   template <int kLayouts>
-  static constexpr int kMinCtas = 4;
+  static constexpr int kMinCtas = (kLayouts & kRebased) != 0 ? 4 : 5;
   uint32_t exponent[kPasses];  // kRebased: each pass's row's exponent byte (0: padding)
 
   __device__ GatherSource(const Params& p, const Tile& t, int row0, int chunk) {

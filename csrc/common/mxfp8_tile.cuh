@@ -147,30 +147,11 @@ __device__ __forceinline__ uint32_t smallest_magnitude(const uint32_t (&w)[kWord
   return min(amin2 & 0xffffu, amin2 >> 16);
 }
 
-// Stores 8 packed bf16 pairs (16 values, 32 bytes) at `dst` as two 16-byte vectors, trading
-// halves with the neighbouring lane (lane ^ 1, whose chunk is the row's next or previous one:
-// chunk = threadIdx.x % kChunksPerRow) so that each store instruction of the two lanes fills
-// whole 32-byte sectors: storing each lane's own halves, every instruction wrote half of each
-// sector, and L2 took twice the store requests (the rounding passes ran at ~89% of L2's
-// throughput and ~74% of DRAM's: ncu, NOTES v27). Every lane of the warp must call it.
-static_assert(kChunksPerRow % 2 == 0, "lanes 2k and 2k + 1 hold chunks of the same row");
+// Stores 8 packed bf16 pairs (16 values) at `dst` as two 16-byte vectors.
 __device__ __forceinline__ void store_packed16(uint16_t* dst,
                                                const uint32_t (&packed)[kWordsPerChunk]) {
-  // The even lane sends its second half and takes the odd lane's first in its place; the odd
-  // lane sends its first half and takes the even lane's second in its place. Each lane then
-  // holds [first store | second store] in order.
-  const bool odd = (threadIdx.x & 1) != 0;
-  uint32_t w[kWordsPerChunk];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t got = __shfl_xor_sync(0xffffffffu, odd ? packed[i] : packed[4 + i], 1);
-    w[i] = odd ? got : packed[i];
-    w[4 + i] = odd ? packed[4 + i] : got;
-  }
-  // Even lane at chunk start S (sector-aligned): S and S + 32 bytes (the odd lane's first
-  // half); odd lane at S + 32 bytes: S + 16 (the even lane's second half) and S + 48.
-  store16(odd ? dst - 8 : dst, make_uint4(w[0], w[1], w[2], w[3]));
-  store16(odd ? dst + 8 : dst + 16, make_uint4(w[4], w[5], w[6], w[7]));
+  store16(dst, make_uint4(packed[0], packed[1], packed[2], packed[3]));
+  store16(dst + 8, make_uint4(packed[4], packed[5], packed[6], packed[7]));
 }
 
 // Stores the values a GEMM reads for a row chunk quantized (along the row) with `scale`: bf16,
