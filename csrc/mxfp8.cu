@@ -33,8 +33,8 @@ __device__ __forceinline__ void quantize_tile(const Params& p, const Tile& t) {
   static_assert(!kRebasedOut || (kRoundedOut && std::is_same_v<Source, GatherSource>),
                 "rebased rows are the gathering source's rounded values");
   constexpr bool kColumns = kTransposedOut || kRoundedRowsOut;  // needs the column blocks
-  static_assert(!kRoundedRowsOut || std::is_same_v<Source, LoadSource>,
-                "rounded rows re-read the source's chunks: LoadSource only");
+  static_assert(!kRoundedRowsOut || std::is_base_of_v<LoadSource, Source>,
+                "rounded rows re-read the source's chunks: a LoadSource only");
   __shared__ uint32_t s_tile[kColumns ? kTile * kPitch : 1];
   __shared__ alignas(16) uint8_t s_scale[kTileScaleBytes];
   __shared__ alignas(16) uint8_t s_scale_t[kTileScaleBytes];
@@ -163,11 +163,16 @@ cudaError_t launch(const Params& p, cudaStream_t stream, int64_t ctas = 0) {
 }
 
 // The load-source kernel for the layouts asked for: any set of the first three, or the rounded
-// rows alone (what the callers ask for; the binding refuses other sets).
+// rows alone, of x's rows as they are or scaled by row_scale (what the callers ask for; the
+// binding refuses other sets).
 cudaError_t launch_layouts(const Params& p, cudaStream_t stream) {
   const int layouts = (p.normal.data ? kNormal : 0) | (p.rounded ? kRounded : 0) |
                       (p.transposed.data ? kTransposed : 0) |
                       (p.rounded_rows ? kRoundedRows : 0);
+  if (p.row_scale != nullptr) {
+    if (layouts != kRoundedRows) return cudaErrorInvalidValue;
+    return launch<ScaledLoadSource, kRoundedRows>(p, stream);
+  }
   switch (layouts) {
     case 1: return launch<LoadSource, 1>(p, stream);
     case 2: return launch<LoadSource, 2>(p, stream);
@@ -203,6 +208,7 @@ cudaError_t launch_quantize(const QuantizeArgs& args, cudaStream_t stream) {
   p.normal = detail::pair(args.out, args.scale);
   p.rounded = static_cast<uint16_t*>(args.rounded);
   p.rounded_rows = static_cast<uint16_t*>(args.rounded_rows);
+  p.row_scale = args.row_scale;
   p.transposed = detail::pair(args.out_t, args.scale_t);
   p.used_rows = args.used_rows;
   if (p.tiles == 0) return cudaSuccess;

@@ -26,6 +26,9 @@ struct QuantizeArgs {
   void* scale_t = nullptr;
   void* rounded = nullptr;
   void* rounded_rows = nullptr;  // bf16 [experts, rows, cols]: the transposed layout's values
+  // With rounded_rows only, or null: fp32 [experts * rows], each row of x taken as
+  // bf16(row_scale[r] * x[r]) (scale_rows's product) before it is rounded.
+  const float* row_scale = nullptr;
   void* row_exponents = nullptr;  // launch_gather_round with src_exponents: uint8 [rows]
   const int32_t* used_rows = nullptr;
   int64_t experts = 0;

@@ -33,6 +33,7 @@ struct Params {
   uint16_t* rounded;       // bf16 values of the normal layout (kRebased: f16 rebased)
   uint8_t* row_exponents;  // kRebased: each row's exponent byte R (0 on padding rows)
   uint16_t* rounded_rows;  // bf16 values of the transposed layout, [experts, rows, cols]
+  const float* row_scale;  // ScaledLoadSource: fp32 [experts * rows]
   Pair transposed;
   Pair gate_q;  // SwigluSource: gate and up, normal layout
   Pair up_q;
@@ -85,6 +86,24 @@ struct LoadSource : RegisterRows {
 #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
       load_chunk(p.x + chunk_offset(p, t, pass * kRowsPerPass + row0, chunk), w[pass]);
+    }
+  }
+};
+
+// The tile's rows as scale_rows writes them, bf16(row_scale[r] * x[r]): the MXFP8 backward's
+// d_out rows times their router weights, rounded in blocks of 32 rows without the scaled rows
+// making a round trip through memory.
+struct ScaledLoadSource : LoadSource {
+  __device__ ScaledLoadSource(const Params& p, const Tile& t, int row0, int chunk)
+      : LoadSource(p, t, row0, chunk) {
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const float weight = p.row_scale[t.expert * p.rows + t.m0 + pass * kRowsPerPass + row0];
+#pragma unroll
+      for (int i = 0; i < kWordsPerChunk; ++i) {
+        w[pass][i] = pack_bf16x2(__fmul_rn(weight, bf16_lo(w[pass][i])),
+                                 __fmul_rn(weight, bf16_hi(w[pass][i])));
+      }
     }
   }
 };

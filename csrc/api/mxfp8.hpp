@@ -64,7 +64,7 @@ inline const int32_t* optional_count(const char* name, uintptr_t address) {
 inline void mxfp8_quantize(uintptr_t x, uintptr_t out, uintptr_t scale, uintptr_t out_t,
                            uintptr_t scale_t, uintptr_t rounded, uintptr_t rounded_rows,
                            uintptr_t used_rows, int64_t experts, int64_t rows, int64_t cols,
-                           uintptr_t stream) {
+                           uintptr_t stream, uintptr_t row_scale) {
   require(x != 0, "`x` must be a device address, got 0");
   check_pointer("x", x);
   const bool normal = check_pair("out", out, "scale", scale);
@@ -76,6 +76,9 @@ inline void mxfp8_quantize(uintptr_t x, uintptr_t out, uintptr_t scale, uintptr_
           "at least one of `out`, `out_t`, `rounded` and `rounded_rows` must be given");
   require(!others || rounded_rows == 0,
           "`rounded_rows` is written alone: `out`, `out_t` and `rounded` must then be 0");
+  require(row_scale == 0 || rounded_rows != 0,
+          "`row_scale` scales the rows of `rounded_rows` only: give `rounded_rows` with it");
+  if (row_scale != 0) checks::address("row_scale", row_scale, 4);
   check_tiles(experts, rows, cols);
 
   mxfp8::QuantizeArgs args;
@@ -86,6 +89,7 @@ inline void mxfp8_quantize(uintptr_t x, uintptr_t out, uintptr_t scale, uintptr_
   args.scale_t = reinterpret_cast<void*>(scale_t);
   args.rounded = reinterpret_cast<void*>(rounded);
   args.rounded_rows = reinterpret_cast<void*>(rounded_rows);
+  args.row_scale = reinterpret_cast<const float*>(row_scale);
   args.used_rows = optional_count("used_rows", used_rows);
   args.experts = experts;
   args.rows = rows;
@@ -184,7 +188,7 @@ inline void bind_mxfp8(py::module_& m) {
   m.def("mxfp8_quantize", &mxfp8_quantize, py::arg("x"), py::arg("out"), py::arg("scale"),
         py::arg("out_t"), py::arg("scale_t"), py::arg("rounded"), py::arg("rounded_rows"),
         py::arg("used_rows"), py::arg("experts"), py::arg("rows"), py::arg("cols"),
-        py::arg("stream"),
+        py::arg("stream"), py::arg("row_scale") = 0,
         R"doc(Quantize bf16 [experts, rows, cols] to MXFP8 on `stream` (asynchronous).
 
 All buffers are device addresses (0 = layout not wanted), contiguous, 16-byte aligned:
@@ -193,6 +197,8 @@ All buffers are device addresses (0 = layout not wanted), contiguous, 16-byte al
   out_t    fp8   [experts, cols, rows]       scale_t  uint8 [experts*cols/128, rows/128, 32, 16]
   rounded  bf16  [experts, rows, cols]: the normal layout's values, bf16(e4m3 * 2^(scale-127))
   rounded_rows  bf16 [experts, rows, cols]: the transposed layout's values (only output)
+  row_scale     fp32 [experts*rows], with rounded_rows only: x's row r taken as
+                bf16(row_scale[r] * x[r]) first (scale_rows's product)
 used_rows: 0, or an int32 [1] on the device; 128-row tiles at or past it write nothing.
 rows and cols must be multiples of 128. Raises ValueError for bad arguments and RuntimeError
 for a CUDA error.)doc");

@@ -55,11 +55,15 @@ def mxfp8_round(x: torch.Tensor, transposed: bool = False, used_rows: torch.Tens
     return values, ((data_t, scale_t) if transposed else None)
 
 
-def mxfp8_round_rows(x: torch.Tensor, used_rows: torch.Tensor | None = None) -> torch.Tensor:
+def mxfp8_round_rows(
+    x: torch.Tensor, used_rows: torch.Tensor | None = None, row_scale: torch.Tensor | None = None
+) -> torch.Tensor:
     """bf16 [M, N]: the values a GEMM reads for x's transposed MXFP8 layout (blocks of 32 rows),
     in x's layout, i.e. `mxfp8_dequantize(*mxfp8_quantize(x, False, True)[2:], transposed=True)`
-    bit for bit, in one pass. `used_rows` as in `mxfp8_round`."""
-    return _quantize(x, False, False, "rounded_rows", used_rows)[-1]
+    bit for bit, in one pass. `used_rows` as in `mxfp8_round`. `row_scale` (fp32 [M], or [E*M]
+    for [E, M, N]) rounds bf16(row_scale[r] * x[r]) instead (what `scale_rows` writes), in the
+    same pass: the scaled rows are never stored."""
+    return _quantize(x, False, False, "rounded_rows", used_rows, row_scale)[-1]
 
 
 def mxfp8_layout(shape: tuple[int, ...], device: torch.device):
@@ -73,14 +77,17 @@ def mxfp8_layout(shape: tuple[int, ...], device: torch.device):
     return data, scale
 
 
-def _quantize(x, normal: bool, transposed: bool, rounded: str | None, used_rows):
+def _quantize(x, normal: bool, transposed: bool, rounded: str | None, used_rows, row_scale=None):
     """One quantize launch; `rounded` names the bf16 values output wanted ("rounded" or
-    "rounded_rows"), returned last."""
+    "rounded_rows"), returned last; `row_scale` (rounded rows only) scales x's rows first."""
     mxfp8_format._check_matrix("x", x, torch.bfloat16)
     if not x.is_cuda:
         raise ValueError(f"`x` must be on a CUDA device, got {x.device}")
     if used_rows is not None:
         check_tensor("used_rows", used_rows, dtype=torch.int32, shape=[1], device=x.device)
+    if row_scale is not None:
+        rows = x.numel() // x.shape[-1]
+        check_tensor("row_scale", row_scale, dtype=torch.float32, shape=[rows], device=x.device)
     _extension.module_for_device(x.device)  # NotImplementedError before any allocation
     x = _extension.aligned(x)
     *batch, rows, cols = x.shape
@@ -107,6 +114,7 @@ def _quantize(x, normal: bool, transposed: bool, rounded: str | None, used_rows)
         experts=experts,
         rows=rows,
         cols=cols,
+        row_scale=_address(row_scale),
     )
     return x_fp8, x_sc, x_fp8_t, x_sc_t, values
 

@@ -43,8 +43,12 @@ class CudaMxfp8:
     def mx_round(self, t: torch.Tensor) -> torch.Tensor:
         return cuda.mxfp8_round(t.to(torch.bfloat16), used_rows=self.num_tokens)[0]
 
-    def mx_round_rows(self, t: torch.Tensor) -> torch.Tensor:
-        return cuda.mxfp8_round_rows(t.to(torch.bfloat16), used_rows=self.num_tokens)
+    def mx_round_rows(self, t: torch.Tensor, row_weight: torch.Tensor | None = None):
+        if row_weight is not None:
+            row_weight = row_weight.float().contiguous()
+        return cuda.mxfp8_round_rows(
+            t.to(torch.bfloat16), used_rows=self.num_tokens, row_scale=row_weight
+        )
 
     def mx_round_both(self, t: torch.Tensor):
         return cuda.mxfp8_round(t.to(torch.bfloat16), transposed=True, used_rows=self.num_tokens)

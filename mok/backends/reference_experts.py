@@ -109,8 +109,11 @@ class ExpertEngine:
         data, scales, _, _ = self.quantize(t.to(torch.bfloat16), True, False)
         return self.dequantize(data, scales)
 
-    def mx_round_rows(self, t: torch.Tensor) -> torch.Tensor:
-        """The values for `t` [R, C] quantized in blocks of 32 rows (the wgrad operands)."""
+    def mx_round_rows(self, t: torch.Tensor, row_weight: torch.Tensor | None = None):
+        """The values for `t` [R, C] quantized in blocks of 32 rows (the wgrad operands); with
+        `row_weight` (fp32 [R]), for `scale_rows(t, row_weight)`."""
+        if row_weight is not None:
+            t = self.scale_rows(t, row_weight)
         _, _, data_t, scales_t = self.quantize(t.to(torch.bfloat16), False, True)
         return self.dequantize(data_t, scales_t, transposed=True)
 
@@ -291,9 +294,9 @@ class WeightGrads:
     """The weight gradients (d_W_gate, d_W_up, d_W_down) bf16 of one backward, computed when
     called. `hidden` is d_W_down's other operand: in BF16 hidden's rows already scaled by the
     router weights (the SwiGLU backward writes them), in MXFP8 hidden itself. `prepare()` runs
-    the elementwise passes the MXFP8 inputs need first (d_out scaled by the router weights, the
-    row-blocked rounding), so a pass can enqueue those beside a background exchange and the
-    GEMMs after it; calling prepares whatever is not yet."""
+    the elementwise passes the MXFP8 inputs need first (the row-blocked roundings, d_out's of
+    its rows scaled by the router weights), so a pass can enqueue those beside a background
+    exchange and the GEMMs after it; calling prepares whatever is not yet."""
 
     def __init__(self, gemm, grads, rw, x, hidden, mx: bool):
         self.gemm, self.grads, self.rw, self.mx = gemm, grads, rw, mx
@@ -304,11 +307,10 @@ class WeightGrads:
         if self._inputs is not None:
             return
         d_gate, d_up, d_out = self.grads
-        if self.mx:  # q_T(bf16(rw * d_out)): the rows-rounding needs the scaled rows themselves
-            rw = self.rw  # None: unit weights (the shared expert)
-            d_y = d_out.to(torch.bfloat16) if rw is None else self.gemm.scale_rows(d_out, rw)
-            inputs = tuple(self.gemm.mx_round_rows(t) for t in (d_gate, d_up, d_y))
-            self._inputs = (*inputs, self.hidden)
+        if self.mx:  # q_T(bf16(rw * d_out)); rw None: unit weights (the shared expert)
+            rounded = tuple(self.gemm.mx_round_rows(t) for t in (d_gate, d_up))
+            d_y = self.gemm.mx_round_rows(d_out, self.rw)
+            self._inputs = (*rounded, d_y, self.hidden)
             return
         self._inputs = (d_gate, d_up, d_out.to(torch.bfloat16), self.hidden)
 

@@ -207,6 +207,25 @@ def test_round_is_quantize_then_dequantize_in_one_pass(shape, dataset, seed):
 
 
 @requires_module
+@pytest.mark.parametrize("shape", [(256, 384), (2, 128, 256)], ids=str)
+def test_round_rows_of_scaled_rows_is_scale_rows_then_round_rows(shape, seed):
+    """mxfp8_round_rows(x, row_scale=w) == mxfp8_round_rows(bf16(w[r] * x[r])) bit for bit
+    (the MXFP8 backward's d_out rows times their router weights, never stored), with weights
+    of both signs, zeros and a NaN row among them; a row_scale of the wrong size is refused."""
+    x = _random_bf16(shape, seed, special=True)
+    rows = x.numel() // x.shape[-1]
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    weight = torch.randn(rows, generator=gen, device="cuda") * 4
+    weight[::7] = 0.0
+    weight[5] = float("nan")
+    scaled = (weight[:, None] * x.reshape(rows, -1).float()).to(torch.bfloat16).reshape(shape)
+    want = cuda_backend.mxfp8_round_rows(scaled)
+    _assert_same_values(cuda_backend.mxfp8_round_rows(x, row_scale=weight), want, "scaled rows")
+    with pytest.raises(ValueError, match="row_scale"):
+        cuda_backend.mxfp8_round_rows(x, row_scale=weight[:-1])
+
+
+@requires_module
 def test_round_leaves_tiles_past_used_rows_unwritten(seed):
     """With used_rows = 256 of 640 rows, rows (and transposed columns) from 256 on keep their
     poison and the rest equal the full launch's bytes."""
