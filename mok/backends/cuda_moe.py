@@ -43,7 +43,9 @@ class CudaMxfp8:
     def mx_round(self, t: torch.Tensor) -> torch.Tensor:
         return cuda.mxfp8_round(t.to(torch.bfloat16), used_rows=self.num_tokens)[0]
 
-    def mx_round_rows(self, t: torch.Tensor, row_weight: torch.Tensor | None = None):
+    def mx_round_rows(
+        self, t: torch.Tensor, row_weight: torch.Tensor | None = None
+    ) -> torch.Tensor:
         if row_weight is not None:
             row_weight = row_weight.float().contiguous()
         return cuda.mxfp8_round_rows(

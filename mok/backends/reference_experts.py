@@ -109,7 +109,9 @@ class ExpertEngine:
         data, scales, _, _ = self.quantize(t.to(torch.bfloat16), True, False)
         return self.dequantize(data, scales)
 
-    def mx_round_rows(self, t: torch.Tensor, row_weight: torch.Tensor | None = None):
+    def mx_round_rows(
+        self, t: torch.Tensor, row_weight: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """The values for `t` [R, C] quantized in blocks of 32 rows (the wgrad operands); with
         `row_weight` (fp32 [R]), for `scale_rows(t, row_weight)`."""
         if row_weight is not None:
