@@ -38,7 +38,7 @@ inline gemm::Kind kind(int value) {
   return static_cast<gemm::Kind>(value);
 }
 
-// `d` is 0 exactly for kind 2's second set (its products add to the first set's d).
+// `d` is 0 exactly for the second set of kinds 2 and 8 (its products add to the first set's d).
 inline gemm::OperandSet operand_set(const char* suffix, bool has_d, uintptr_t a, uintptr_t b,
                                     uintptr_t d) {
   const std::string s(suffix);
@@ -47,7 +47,7 @@ inline gemm::OperandSet operand_set(const char* suffix, bool has_d, uintptr_t a,
   if (has_d) {
     address(("d" + s).c_str(), d);
   } else {
-    require(d == 0, "`d" + s + "` must be 0: kind 2 writes its sum to `d`");
+    require(d == 0, "`d" + s + "` must be 0: kinds 2 and 8 write their sum to `d`");
   }
   return {reinterpret_cast<const void*>(a), reinterpret_cast<const void*>(b),
           reinterpret_cast<void*>(d)};
@@ -71,14 +71,13 @@ inline int64_t grouped_gemm_scratch_bytes(int kind, int groups, int sm_count) {
   return static_cast<int64_t>(gemm::scratch_bytes(static_cast<gemm::Kind>(kind), groups, sm_count));
 }
 
-// Kinds 4 and 6 read each set's B as MXFP8: its scale tiles' address, and whole 128 x 128 tiles.
+// Kinds 4, 6, 7 and 8 read each set's B as MXFP8: its scale tiles' address, and whole 128 x 128
+// tiles.
 inline void mx_weight_operands(gemm::GroupedArgs& args, uintptr_t b_scale, uintptr_t b2_scale) {
   namespace check = gemm_checks;
-  const bool mx = args.kind == gemm::Kind::kLinearMxWeight ||
-                  args.kind == gemm::Kind::kLinearMxWeightF16;
-  if (!mx) {
+  if (!gemm::reads_mx_weight(args.kind)) {
     check::require(b_scale == 0 && b2_scale == 0,
-                   "`b_scale` and `b2_scale` must be 0 except for kinds 4 and 6");
+                   "`b_scale` and `b2_scale` must be 0 except for kinds 4, 6, 7 and 8");
     return;
   }
   check::address("b_scale", b_scale);
@@ -90,7 +89,8 @@ inline void mx_weight_operands(gemm::GroupedArgs& args, uintptr_t b_scale, uintp
     check::require(b2_scale == 0, "`b2_scale` must be 0 without a second set");
   }
   check::require(args.n % 128 == 0 && args.k % 128 == 0,
-                 "kinds 4 and 6 need `n` and `k` multiples of 128 (whole MXFP8 scale tiles), "
+                 "kinds 4, 6, 7 and 8 need `n` and `k` multiples of 128 (whole MXFP8 scale "
+                 "tiles), "
                  "got n=" +
                      std::to_string(args.n) + ", k=" + std::to_string(args.k));
 }
@@ -151,10 +151,10 @@ inline void grouped_gemm(int kind, uintptr_t a, uintptr_t b, uintptr_t d, uintpt
   require_grouped_gemm();
   gemm::GroupedArgs args;
   args.kind = check::kind(kind);
-  const bool paired = args.kind == gemm::Kind::kLinearTransposedPair;
+  const bool paired = gemm::pairs_along_k(args.kind);
   args.sets[0] = check::operand_set("", true, a, b, d);
   const bool second = a2 != 0 || b2 != 0 || d2 != 0;
-  check::require(second || !paired, "kind 2 needs its second pair (`a2`, `b2`)");
+  check::require(second || !paired, "kinds 2 and 8 need their second pair (`a2`, `b2`)");
   if (second) args.sets[1] = check::operand_set("2", !paired, a2, b2, d2);
   args.num_sets = second ? 2 : 1;
   check::require(rows != 0 && rows % 4 == 0,
@@ -174,7 +174,8 @@ inline void grouped_gemm(int kind, uintptr_t a, uintptr_t b, uintptr_t d, uintpt
   check::extent("k", k);
   check::require(!paired || k % gemm::kTileK == 0,
                  "`k` must be a multiple of " + std::to_string(gemm::kTileK) +
-                     " for kind 2 (each pair's tiles are whole), got " + std::to_string(k));
+                     " for kinds 2 and 8 (each pair's tiles are whole), got " +
+                     std::to_string(k));
   args.n = n;
   args.k = k;
   mx_weight_operands(args, b_scale, b2_scale);

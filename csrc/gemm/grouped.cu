@@ -34,6 +34,8 @@ constexpr KindEntry kEntries[kKinds] = {
     entry<Kind::kLinearMxWeight>(),
     entry<Kind::kLinearSwiGLU>(),
     entry<Kind::kLinearMxWeightF16>(),
+    entry<Kind::kLinearMxWeightFloat>(),
+    entry<Kind::kLinearMxWeightPair>(),
 };
 
 }  // namespace dispatch

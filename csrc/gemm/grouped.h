@@ -41,9 +41,28 @@ enum class Kind : int {
   // 2^(R_b - 127) * 2^(R_a - 127) before the epilogue. Converting E4M3 to f16 takes two
   // instructions a pair, to bf16 five (NOTES v15, v20).
   kLinearMxWeightF16 = 6,
+  // kLinearMxWeight with fp32 D: the MXFP8 backward's d_h = q(d_out) @ W_down from W_down's
+  // transposed pair (E4M3 [E, N, K], blocks along K) as mxfp8_quantize stores it.
+  kLinearMxWeightFloat = 7,
+  // kLinearTransposedPair's sum on MXFP8 weights read as stored: D (bf16) = A @ W[e]^T +
+  // A2 @ W2[e]^T in one fp32 accumulation, W and W2 E4M3 [E, N, K] with scale tiles (sets[0]
+  // holds A, W, D and its scales; sets[1] A2, W2): the MXFP8 backward's d_x from gate's and
+  // up's transposed pairs. N and K must be multiples of 128.
+  kLinearMxWeightPair = 8,
 };
 
-constexpr int kKinds = 7;
+constexpr int kKinds = 9;
+
+// The kinds whose B operands are MXFP8 weights as stored (E4M3 and scale tiles).
+__host__ __device__ constexpr bool reads_mx_weight(Kind kind) {
+  return kind == Kind::kLinearMxWeight || kind == Kind::kLinearMxWeightF16 ||
+         kind == Kind::kLinearMxWeightFloat || kind == Kind::kLinearMxWeightPair;
+}
+
+// The kinds that sum two operand pairs along K into one D (the second set has no D).
+__host__ __device__ constexpr bool pairs_along_k(Kind kind) {
+  return kind == Kind::kLinearTransposedPair || kind == Kind::kLinearMxWeightPair;
+}
 constexpr int kMaxSets = 2;
 constexpr int kTileK = 64;  // the K depth of every kind's tiles
 

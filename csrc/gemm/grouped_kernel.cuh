@@ -37,9 +37,9 @@ template <Kind kKind, class LayoutA, class LayoutB, class ElementD,
           class LayoutD = cutlass::layout::RowMajor>
 struct GroupedGemm {
   static constexpr Kind kind = kKind;
-  static constexpr bool kPaired = kKind == Kind::kLinearTransposedPair;
+  static constexpr bool kPaired = pairs_along_k(kKind);
   static constexpr bool kMxWeightF16 = kKind == Kind::kLinearMxWeightF16;
-  static constexpr bool kMxWeight = kKind == Kind::kLinearMxWeight || kMxWeightF16;
+  static constexpr bool kMxWeight = reads_mx_weight(kKind);
   static constexpr bool kSwiglu = kKind == Kind::kLinearSwiGLU;
   using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
   using Element = std::conditional_t<kMxWeightF16, cutlass::half_t, cutlass::bfloat16_t>;
@@ -50,9 +50,14 @@ struct GroupedGemm {
   static constexpr int kAlignment = 16 / sizeof(Element);
   static constexpr int kAlignmentD = 16 / sizeof(ElementD);
 
+  // The MXFP8 kinds' five mainloop stages leave ~17 KB of shared memory: room for the auto
+  // epilogue tile's two bf16 stages but not its fp32 ones, so fp32 D goes out in 128 x 16.
+  using EpilogueTile =
+      std::conditional_t<kMxWeight && sizeof(ElementD) == 4, cute::Shape<cute::_128, cute::_16>,
+                         cutlass::epilogue::collective::EpilogueTileAuto>;
   using TmaEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, Accumulator, Accumulator, ElementC,
+      EpilogueTile, Accumulator, Accumulator, ElementC,
       LayoutD*, kAlignmentD, ElementD, LayoutD*, kAlignmentD,
       cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
       cutlass::epilogue::fusion::LinearCombination<ElementD, Accumulator, ElementC,
@@ -68,13 +73,18 @@ struct GroupedGemm {
                          cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
                              sizeof(typename Epilogue::SharedStorage))>>,
       cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
+  using PairedMainloop = PairedKMainloop<BuiltMainloop>;
   using Mainloop = std::conditional_t<
-      kPaired, PairedKMainloop<BuiltMainloop>,
-      std::conditional_t<kMxWeight, MxWeightMainloop<BuiltMainloop, kMxWeightF16>,
+      kMxWeight,
+      MxWeightMainloop<std::conditional_t<kPaired, PairedMainloop, BuiltMainloop>, kMxWeightF16,
+                       kPaired>,
+      std::conditional_t<kPaired, PairedMainloop,
                          std::conditional_t<kSwiglu, GateUpMainloop<BuiltMainloop>,
                                             BuiltMainloop>>>;
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
+  static_assert(sizeof(typename Kernel::SharedStorage) <= 227 * 1024,
+                "sm_90's opt-in limit of shared memory per block");
   using Device = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
   using Tables = GroupTables<ProblemShape::UnderlyingProblemShape, Element, ElementD,
                              typename Kernel::InternalStrideA, typename Kernel::InternalStrideB,
@@ -115,18 +125,21 @@ struct GroupedGemm {
     }
   }
 
-  static typename Mainloop::Arguments mainloop_arguments(const GroupedArgs& args,
-                                                         const Tables& tables) {
+  // The arguments of Base's operands (A and B of each pair).
+  template <class Base>
+  static typename Base::Arguments operand_arguments(const Tables& tables) {
     if constexpr (kPaired) {
       return {{tables.a, tables.stride_a, tables.b, tables.stride_b}, tables.a2, tables.b2};
-    } else if constexpr (kSwiglu) {
-      return {{tables.a, tables.stride_a, tables.b, tables.stride_b},
-              {args.sets[0].b, args.sets[1].b},
-              static_cast<int>(args.n),
-              static_cast<int>(args.k),
-              args.experts};
-    } else if constexpr (kMxWeight) {
-      return {{tables.a, tables.stride_a, tables.b, tables.stride_b},
+    } else {
+      return {tables.a, tables.stride_a, tables.b, tables.stride_b};
+    }
+  }
+
+  static typename Mainloop::Arguments mainloop_arguments(const GroupedArgs& args,
+                                                         const Tables& tables) {
+    if constexpr (kMxWeight) {
+      using OperandBase = std::conditional_t<kPaired, PairedMainloop, BuiltMainloop>;
+      return {operand_arguments<OperandBase>(tables),
               {args.sets[0].b, args.sets[1].b},
               {args.sets[0].b_scale, args.sets[1].b_scale},
               static_cast<int>(args.n),
@@ -136,8 +149,16 @@ struct GroupedGemm {
               {args.sets[0].a_exponent, args.sets[1].a_exponent},
               tables.row0,
               tables.a_shift};
+    } else if constexpr (kPaired) {
+      return operand_arguments<PairedMainloop>(tables);
+    } else if constexpr (kSwiglu) {
+      return {operand_arguments<BuiltMainloop>(tables),
+              {args.sets[0].b, args.sets[1].b},
+              static_cast<int>(args.n),
+              static_cast<int>(args.k),
+              args.experts};
     } else {
-      return {tables.a, tables.stride_a, tables.b, tables.stride_b};
+      return operand_arguments<BuiltMainloop>(tables);
     }
   }
 

@@ -48,7 +48,12 @@ constexpr int kMxWeightStages = 5;
 // E4M3 -> f16 and one f16x2 multiply by the block's f16 factor 2^(E - R_b), read from factor
 // tiles made once per weight (the scale tiles' layout, 2 bytes an entry), and the sums are
 // rescaled before the epilogue by the two rows' exponents, copied with the last k tile.
-template <class Base, bool kF16 = false>
+// kPairedK (kLinearMxWeightPair, Base a PairedKMainloop): a group's reduction is two (weight,
+// rows) pairs of one shape back to back, the first half of its k tiles from set 0's weight and
+// Base's first X descriptor, the second half from set 1's and the second descriptor. Each
+// pair's k tiles are a whole number of scale tiles (K % 128 == 0), so the consumers' scale
+// lookup, which takes the k tile's parity, holds across the seam.
+template <class Base, bool kF16 = false, bool kPairedK = false>
 struct MxWeightMainloop : CarriesGroup<Base> {
   using typename Base::MainloopPipeline;
   using typename Base::PipelineState;
@@ -145,13 +150,15 @@ struct MxWeightMainloop : CarriesGroup<Base> {
       }
     }
     params.experts = args.experts;
-    params.sets = args.weights[1] != nullptr ? kMxWeightSets : 1;
+    // A group per expert and weight, or per expert when its two weights are one reduction's.
+    params.sets = args.weights[1] != nullptr && !kPairedK ? kMxWeightSets : 1;
     params.row_tiles = args.n / kTileM;
     params.scale_tiles = args.k / kScaleTileK;
     return params;
   }
 
-  // The producer warp: per k tile the weight tile, its scale tile and Base's X tile.
+  // The producer warp: per k tile the weight tile, its scale tile and Base's X tile (kPairedK:
+  // of the pair that holds the k tile, counted from that pair's start).
   template <class LoadInputs, class TensorMaps, class KTileIterator, class BlockCoord>
   CUTLASS_DEVICE void load(Params const& params, MainloopPipeline pipeline,
                            PipelineState smem_pipe_write, LoadInputs const& load_inputs,
@@ -162,10 +169,10 @@ struct MxWeightMainloop : CarriesGroup<Base> {
     if (!elect_one_sync()) return;
     const int group = get<2>(load_inputs);
     const GroupIndex index = group_index(group, params.experts * params.sets, params.experts);
-    const int set = index.set;
     const int expert = index.expert;
     auto [m_coord, n_coord, k_coord, l_coord] = blk_coord;
-    auto const& tma_w = params.tma_w[set];
+    // Both weights of a launch have one shape, so set 0's descriptor gives every coordinate.
+    auto const& tma_w = params.tma_w[0];
     Tensor mW = tma_w.get_tma_tensor(make_shape(params.row_tiles * kTileM,
                                                 params.scale_tiles * kScaleTileK,
                                                 params.experts));
@@ -188,31 +195,36 @@ struct MxWeightMainloop : CarriesGroup<Base> {
     // A tile past the weight's rows (a cluster's spare CTA) loads zeros through TMA; its scale
     // copy then reads the last valid tile rather than another expert's or past the tensor.
     const int row_tile = expert * params.row_tiles + min(int(m_coord), params.row_tiles - 1);
-    const uint8_t* scales = params.scales[set] + int64_t(row_tile) * params.scale_tiles *
-                                                      kScaleBytes;
+    const int64_t scale_row = int64_t(row_tile) * params.scale_tiles * kScaleBytes;
+    const int pair_tiles = params.scale_tiles * (kScaleTileK / kTileK);  // k tiles per weight
     // kF16: the window of A-row exponents from the aligned-down first row of this tile.
     const int64_t first_row = kF16 ? params.row0[group] + int64_t(n_coord) * kTileN : 0;
     const int last_k_tile = k_tile_count - 1;
     for_each_k_tile(pipeline, smem_pipe_write, k_tile_iter, k_tile_count,
                     [&](auto& barrier, int stage, int k_tile) {
-                      copy(tma_w.with(barrier), tWgW(_, _, _, k_tile), tWsW(_, _, _, stage));
-                      copy(params.tma_load_b.with(get<1>(maps), barrier, mask_b),
-                           tBgB(_, _, _, k_tile), tBsB(_, _, _, stage));
+                      const bool second = kPairedK && k_tile >= pair_tiles;
+                      const int set = kPairedK ? int(second) : index.set;
+                      const int pair_tile = second ? k_tile - pair_tiles : k_tile;
+                      copy(params.tma_w[set].with(barrier), tWgW(_, _, _, pair_tile),
+                           tWsW(_, _, _, stage));
+                      copy(params.tma_load_b.with(x_map(maps, second), barrier, mask_b),
+                           tBgB(_, _, _, pair_tile), tBsB(_, _, _, stage));
                       SM90_BULK_COPY_G2S::copy(
-                          scales + int64_t(k_tile / 2) * kScaleBytes, &barrier,
-                          shared_tensors.smem_scale.data() + stage * kScaleBytes, kScaleBytes);
+                          params.scales[set] + scale_row + int64_t(pair_tile / 2) * kScaleBytes,
+                          &barrier, shared_tensors.smem_scale.data() + stage * kScaleBytes,
+                          kScaleBytes);
                       if (kF16 && k_tile == last_k_tile) {  // read by the rescale
                         cutlass::arch::ClusterTransactionBarrier::expect_transaction(
                             &barrier, kExponentBytes);
                         uint8_t* exponents =
                             shared_tensors.smem_exponent.data() + stage * kExponentBytes;
                         SM90_BULK_COPY_G2S::copy(
-                            params.b_exponents[set] + int64_t(row_tile) * kTileM, &barrier,
+                            params.b_exponents[index.set] + int64_t(row_tile) * kTileM, &barrier,
                             exponents, kTileM);
                         SM90_BULK_COPY_G2S::copy(params.a_shift + 4 * group, &barrier,
                                                  exponents + kRecordAt, 16);
                         SM90_BULK_COPY_G2S::copy(
-                            params.a_exponents[set] + (first_row & ~int64_t{15}), &barrier,
+                            params.a_exponents[index.set] + (first_row & ~int64_t{15}), &barrier,
                             exponents + kWindowAt, kWindowBytes);
                       }
                     });
@@ -274,6 +286,16 @@ struct MxWeightMainloop : CarriesGroup<Base> {
   CUTLASS_DEVICE void mma_tail(MainloopPipeline, PipelineState, int) {}
 
  private:
+  // The X descriptor of a k tile: Base's B, or (kPairedK) its second pair's for the second half.
+  template <class TensorMaps>
+  CUTLASS_DEVICE static auto x_map(TensorMaps const& maps, bool second) {
+    if constexpr (kPairedK) {
+      return second ? cute::get<3>(maps) : cute::get<1>(maps);
+    } else {
+      return cute::get<1>(maps);
+    }
+  }
+
   // kF16: the sums of rebased products times 2^(R_b - 127) * 2^(R_a - 127), from the exponents
   // the last stage still holds (two exact power-of-two multiplies unless a result leaves fp32's
   // normal range).

@@ -35,7 +35,7 @@ struct GroupTables {
   Shape* shapes;
   const Element** a;
   const Element** b;
-  const Element** a2;  // kLinearTransposedPair's second pair
+  const Element** a2;  // the pair kinds' second pair (pairs_along_k)
   const Element** b2;
   ElementD** d;
   StrideA* stride_a;
@@ -111,7 +111,7 @@ __device__ __forceinline__ int routed_rows(const int32_t* source, int64_t row0, 
 }
 
 // The operand set and expert of group g among `groups` = experts x sets per expert (one set per
-// expert where both sets are one tile's: kLinearTransposedPair, kLinearSwiGLU). Expert-major,
+// expert where both sets are one tile's: the pair kinds, kLinearSwiGLU). Expert-major,
 // g = e * sets + set: the persistent scheduler walks groups in order, so CTAs compute gate and
 // up (or their weight gradients) of one expert together and read its rows once from HBM, as
 // torch's stacked [E, 2I, H] weight does; set-major order read every row twice.
@@ -123,6 +123,12 @@ struct GroupIndex {
 __host__ __device__ inline GroupIndex group_index(int g, int groups, int experts) {
   const int sets = groups / experts;
   return {g % sets, g / sets};
+}
+
+// An expert's E4M3 weight bytes as the placeholder address of a bf16 descriptor.
+template <class Element>
+__device__ const Element* expert_weight(const void* weights, int64_t offset) {
+  return reinterpret_cast<const Element*>(static_cast<const uint8_t*>(weights) + offset);
 }
 
 // Group g: one warp each (see group_index). Segment e starts at row0 = sum(rows[:e]).
@@ -159,18 +165,24 @@ __global__ void fill_tables_kernel(GroupedArgs args, Tables tables) {
     tables.d[g] = d + e * k * n;
     tables.stride_a[g] = leading_stride<StrideA>(k);
     tables.stride_b[g] = leading_stride<StrideB>(n);
-  } else if constexpr (kKind == Kind::kLinearMxWeight || kKind == Kind::kLinearMxWeightF16) {
+  } else if constexpr (reads_mx_weight(kKind)) {
     // Computed transposed (mx_weight_mainloop.cuh): M = n (the weight's rows), N = the routed
     // rows. A is the expert's E4M3 weight, handed to the mainloop's bf16 placeholder descriptor
-    // only (its own descriptor reads the bytes).
-    tables.shapes[g] = {static_cast<int>(n), used, static_cast<int>(k)};
-    tables.a[g] = reinterpret_cast<const Element*>(static_cast<const uint8_t*>(s.b) + e * n * k);
+    // only (its own descriptor reads the bytes). kLinearMxWeightPair: two (weight, rows) pairs
+    // of one shape along K.
+    const bool paired = pairs_along_k(kKind);
+    tables.shapes[g] = {static_cast<int>(n), used, static_cast<int>(paired ? 2 * k : k)};
+    tables.a[g] = expert_weight<Element>(s.b, e * n * k);
     tables.b[g] = a + row0 * k;
     tables.d[g] = d + row0 * n;
     tables.stride_a[g] = leading_stride<StrideA>(k);
     tables.stride_b[g] = leading_stride<StrideB>(k);
+    if (paired) {
+      tables.a2[g] = expert_weight<Element>(args.sets[1].b, e * n * k);
+      tables.b2[g] = static_cast<const Element*>(args.sets[1].a) + row0 * k;
+    }
   } else {
-    const bool paired = kKind == Kind::kLinearTransposedPair;
+    const bool paired = pairs_along_k(kKind);
     // kLinearSwiGLU's tiles hold gate's and up's columns side by side (gate_up_mainloop.cuh),
     // whose fixed descriptors read the weights: B here is a placeholder address.
     const bool gate_up = kKind == Kind::kLinearSwiGLU;
@@ -244,7 +256,7 @@ cudaError_t fill_tables(const GroupedArgs& args, const Tables& tables, int group
         <<<dim3(64, groups), 256, 0, stream>>>(args, tables.used);
   } else if (args.row_source != nullptr || args.total_rows > 0) {
     const int64_t row_bytes = args.n * static_cast<int64_t>(sizeof(typename Tables::ElementOut));
-    const int outputs = kKind == Kind::kLinearTransposedPair ? 1
+    const int outputs = pairs_along_k(kKind) ? 1
                         : kKind == Kind::kLinearSwiGLU   ? kMaxSets + 1
                                                          : args.num_sets;
     zero_uncomputed_rows_kernel<><<<dim3(132, outputs), 256, 0, stream>>>(

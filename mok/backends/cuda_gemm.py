@@ -34,6 +34,15 @@ class MxWeight(NamedTuple):
     scales: torch.Tensor  # uint8 [E*N/128, K/128, 32, 16]
 
 
+class MxWeightT(NamedTuple):
+    """W^T from an MXFP8 weight's transposed pair as mxfp8_quantize writes it (blocks along
+    K): the backward's data-gradient operand, for `linear_mx(..., out_dtype=torch.float32)`
+    (d_h) and `linear_mx_sum` (d_x)."""
+
+    data: torch.Tensor  # float8_e4m3fn [E, N, K]
+    scales: torch.Tensor  # uint8 [E*N/128, K/128, 32, 16]
+
+
 class Kind(enum.IntEnum):
     LINEAR = 0  # bf16 a[seg] @ w[e]^T, w [E, N, K] -> bf16
     LINEAR_TRANSPOSED = 1  # bf16 a[seg] @ w[e], w [E, K, N] -> fp32
@@ -42,6 +51,12 @@ class Kind(enum.IntEnum):
     LINEAR_MX = 4  # LINEAR with w an MXFP8 (E4M3 [E, N, K], scale tiles) pair -> bf16
     LINEAR_SWIGLU = 5  # LINEAR of gate and up weights, + hidden = swiglu(gate, up) -> bf16 x3
     LINEAR_MX_F16 = 6  # LINEAR_MX on f16 rows rebased per row (RebasedRows) -> bf16
+    LINEAR_MX_FLOAT = 7  # LINEAR_MX -> fp32
+    LINEAR_MX_PAIR = 8  # a[seg] @ w[e]^T + a2[seg] @ w2[e]^T, w and w2 MXFP8 pairs -> bf16
+
+
+# The kinds whose launch has one group per expert (both operand sets in each tile).
+_ONE_GROUP_KINDS = (Kind.LINEAR_PAIR, Kind.LINEAR_SWIGLU, Kind.LINEAR_MX_PAIR)
 
 
 def available(device: torch.device) -> bool:
@@ -83,17 +98,17 @@ def _launch(
     limit=None,
     exponents=None,
 ) -> None:
-    """sets: one or two (a, b, d) tuples of contiguous 16-byte aligned tensors (LINEAR_PAIR: the
-    second set's d None); row_source: None or int32 [R] (R = the first operand's rows) on the
-    device; b_scales: LINEAR_MX's scale tiles of each set's b; hidden and limit: LINEAR_SWIGLU's
-    third output and SwiGLU clamp; exponents: LINEAR_MX_F16's (a's row exponents, [each b's row
-    exponents])."""
+    """sets: one or two (a, b, d) tuples of contiguous 16-byte aligned tensors (LINEAR_PAIR,
+    LINEAR_MX_PAIR: the second set's d None); row_source: None or int32 [R] (R = the first
+    operand's rows) on the device; b_scales: the LINEAR_MX* kinds' scale tiles of each set's b;
+    hidden and limit: LINEAR_SWIGLU's third output and SwiGLU clamp; exponents: LINEAR_MX_F16's
+    (a's row exponents, [each b's row exponents])."""
     device = rows.device
     if row_source is not None:
         check_tensor("row_source", row_source, dtype=torch.int32, shape=[sets[0][0].shape[0]],
                      dims=["R"], device=device)  # fmt: skip
     experts = rows.shape[0]
-    one_group = kind in (Kind.LINEAR_PAIR, Kind.LINEAR_SWIGLU)  # both sets in each tile
+    one_group = kind in _ONE_GROUP_KINDS
     groups = experts if one_group else len(sets) * experts
     nbytes = _scratch_bytes(device, kind, groups)
     scratch = torch.empty(nbytes, dtype=torch.uint8, device=device)
@@ -183,9 +198,11 @@ def linear(
 
 
 def _linear(kind: Kind, a, weights, rows, row_source, zero_rest, scales=(), exponents=None):
-    """One launch of LINEAR or LINEAR_MX* on checked operands -> bf16 [R, N] per weight."""
+    """One launch of LINEAR or LINEAR_MX* on checked operands -> [R, N] per weight (fp32 for
+    LINEAR_MX_FLOAT, bf16 otherwise)."""
     a = a if kind == Kind.LINEAR_MX_F16 else _bf16(a)
-    outs = [a.new_empty((a.shape[0], w.shape[1]), dtype=_BF16) for w in weights]
+    dtype = torch.float32 if kind == Kind.LINEAR_MX_FLOAT else _BF16
+    outs = [a.new_empty((a.shape[0], w.shape[1]), dtype=dtype) for w in weights]
     sets = [(a, w, out) for w, out in zip(weights, outs, strict=True)]
     total_rows = a.shape[0] if zero_rest else 0
     _launch(kind, sets, rows, weights[0].shape[1], a.shape[1], total_rows, row_source, scales,
@@ -224,19 +241,48 @@ def linear_swiglu(
 
 
 def linear_mx(
-    a: torch.Tensor, weights, rows: torch.Tensor, row_source=None, zero_rest: bool = True
+    a: torch.Tensor,
+    weights,
+    rows: torch.Tensor,
+    row_source=None,
+    zero_rest: bool = True,
+    out_dtype: torch.dtype = _BF16,
 ) -> list[torch.Tensor]:
     """`linear` with MXFP8 weights read as stored, without a bf16 copy: each weight a (data
     float8_e4m3fn [E, N, K], scales uint8 [E*N/128, K/128, 32, 16]) pair as mxfp8_quantize
-    writes it, N and K multiples of 128. Bit for bit what `linear` gives on the weights'
-    mxfp8_dequantize values, up to the order of the fp32 accumulation."""
+    writes it, N and K multiples of 128; outputs bf16 or (`out_dtype` torch.float32, the
+    unrounded sums) fp32. Bit for bit what `linear` (`linear_transposed` for fp32) gives on the
+    weights' mxfp8_dequantize values, up to the order of the fp32 accumulation."""
+    kinds = {_BF16: Kind.LINEAR_MX, torch.float32: Kind.LINEAR_MX_FLOAT}
+    if out_dtype not in kinds:
+        raise ValueError(f"`out_dtype` must be torch.bfloat16 or torch.float32, got {out_dtype}")
     data, scales = mx_weight_operands(a, weights, rows)
-    return _linear(Kind.LINEAR_MX, a, data, rows, row_source, zero_rest, scales)
+    return _linear(kinds[out_dtype], a, data, rows, row_source, zero_rest, scales)
 
 
-def mx_weight_operands(a: torch.Tensor, weights, rows: torch.Tensor, scale_dtype=torch.uint8):
+def linear_mx_sum(terms, rows: torch.Tensor, row_source=None, zero_rest: bool = True):
+    """a1 @ w1[e]^T + a2 @ w2[e]^T per segment in one fp32 accumulation (one launch) ->
+    bf16 [R, N], for two (a [R, K], w) terms of one shape whose w are MXFP8 (data
+    float8_e4m3fn [E, N, K], scales) pairs read as stored, N and K multiples of 128: the
+    backward's d_x from W_gate's and W_up's transposed pairs. Rows as in `linear_sum`."""
+    (a1, w1), (a2, w2) = terms
+    _experts(rows, a1, "terms[0][0] (a)")
+    _shaped("terms[1][0] (a)", a2, list(a1.shape), "R K", a1.device)
+    data, scales = mx_weight_operands(a1, [w1, w2], rows, item="terms[{i}][1]")
+    a1, a2 = _bf16(a1), _bf16(a2)
+    out = a1.new_empty((a1.shape[0], data[0].shape[1]))
+    total_rows = a1.shape[0] if zero_rest else 0
+    _launch(Kind.LINEAR_MX_PAIR, [(a1, data[0], out), (a2, data[1], None)], rows, out.shape[1],
+            a1.shape[1], total_rows, row_source, scales)  # fmt: skip
+    return out
+
+
+def mx_weight_operands(
+    a: torch.Tensor, weights, rows: torch.Tensor, scale_dtype=torch.uint8, item="weights[{i}]"
+):
     """The checked, aligned (data, scales) lists of MXFP8 weights for activations `a` [R, K]
-    (`scale_dtype` torch.int16: kind 6's f16 factor tiles in the scales' place)."""
+    (`scale_dtype` torch.int16: kind 6's f16 factor tiles in the scales' place); `item` names
+    weight i in errors."""
     _check_sets("weights", weights)
     experts = _experts(rows, a)
     k = a.shape[1]
@@ -245,9 +291,10 @@ def mx_weight_operands(a: torch.Tensor, weights, rows: torch.Tensor, scale_dtype
     if n is not None and (n % 128 or k % 128):
         raise ValueError(f"MXFP8 weights need N and K multiples of 128, got N={n}, K={k}")
     for i, (data, scales) in enumerate(weights):
-        check_tensor(f"weights[{i}][0] (data)", data, dtype=torch.float8_e4m3fn,
+        name = item.format(i=i)
+        check_tensor(f"{name}[0] (data)", data, dtype=torch.float8_e4m3fn,
                      shape=[experts, n, k], dims=["E", "N", "K"], device=a.device)  # fmt: skip
-        check_tensor(f"weights[{i}][1] (scales)", scales, dtype=scale_dtype,
+        check_tensor(f"{name}[1] (scales)", scales, dtype=scale_dtype,
                      shape=[experts * n // 128, k // 128, 32, 16],
                      dims=["E*N/128", "K/128", "32", "16"], device=a.device)  # fmt: skip
     data = [_extension.aligned(d) for d, _ in weights]

@@ -7,8 +7,9 @@ grouped GEMMs (mok.backends.cuda_gemm: TMA + wgmma, sm_90a) over the schedule's 
 segments, sized on the device, so a step needs no host sync. Modules without those kernels
 (Blackwell), or MOK_GROUPED_GEMM=torch, use `torch._grouped_mm` the same way. In MXFP8 mode the
 operands are the dequantized MXFP8 values, which bf16 holds exactly, so the numerics are those
-of the reference's table; mok's forward GEMMs read the weights as stored and convert them to
-those bf16 values inside the GEMM (cuda_gemm.linear_mx).
+of the reference's table; mok's GEMMs read the weights as stored and convert them to those
+bf16 values inside the GEMM (cuda_gemm.linear_mx; the backward's data gradients from the
+weights' transposed pairs, linear_mx to fp32 and linear_mx_sum).
 """
 
 from __future__ import annotations
@@ -109,7 +110,17 @@ class HopperGemms(CudaMxfp8, CudaElementwise, ExpertEngine):
         copies cost ~0.2 ms each on the DSV4-Pro-like shape, NOTES v11)."""
         return cuda_gemm.MxWeight(*pair)
 
+    @staticmethod
+    def mx_weight_t(pair) -> cuda_gemm.MxWeightT:
+        """The transposed pair itself: the backward's `linear` (fp32 d_h) and `linear_sum` (d_x)
+        read it as stored, so the backward makes no bf16 copy of its three weights (NOTES v28)."""
+        return cuda_gemm.MxWeightT(*pair)
+
     def linear(self, a: torch.Tensor, weight) -> torch.Tensor:
+        if isinstance(weight, cuda_gemm.MxWeightT):  # d_h: the table keeps it fp32
+            return cuda_gemm.linear_mx(
+                a, [weight], self.rows, self.row_source, False, out_dtype=torch.float32
+            )[0]
         if isinstance(weight, cuda_gemm.MxWeight):
             return self.linears(a, [weight])[0]
         if transposed_view(weight):  # the backward's W^T: N-contiguous weights, fp32 d_h
@@ -140,6 +151,8 @@ class HopperGemms(CudaMxfp8, CudaElementwise, ExpertEngine):
         )
 
     def linear_sum(self, terms) -> torch.Tensor:
+        if isinstance(terms[0][1], cuda_gemm.MxWeightT):
+            return cuda_gemm.linear_mx_sum(terms, self.rows, self.row_source, zero_rest=False)
         terms = [(a, w.transpose(1, 2)) for a, w in terms]
         return cuda_gemm.linear_sum(terms, self.rows, self.row_source, zero_rest=False)
 

@@ -106,15 +106,16 @@ def backward(engine, d_y, shared, routed, saved, shared_saved, x, schedule, limi
     With a large shared expert, the pulls run in the background of its data gradients and the
     pushes in the background of its weight gradients and of the routed weight gradients'
     elementwise inputs (the scaled d_out rows); in MXFP8 the pulls always run in the
-    background, beside the dequantization of the saved tensors and weights, which then comes
-    before the shared expert's work. Returns (d_x_shared, d_x_routed,
+    background, beside the dequantization of the saved tensors (and of the weights, for
+    engines whose GEMMs do not read them as stored), which then comes before the shared
+    expert's work. Returns (d_x_shared, d_x_routed,
     d_gate_shared, d_gate_routed, d_up_shared, d_up_routed, d_hidden_shared, d_hidden_routed,
     d_w_shared_gate, d_w_routed_gate, d_w_shared_up, d_w_routed_up, d_w_shared_down,
     d_w_routed_down).
     """
     overlap = overlaps_shared(shared, engine.topk)
     gemm = engine.routed_gemms(schedule, schedule[3].shape[0])
-    # MXFP8 also pulls in the background of the dequantization of its saved tensors and weights.
+    # MXFP8 also pulls in the background of the dequantization of its saved tensors.
     background = overlap or mxfp8
     d_out_rows = engine.pull("d_y_buffer", schedule, background=background, sync=(True, False))
     rw_rows = engine.pull_router_weights(schedule, background=background, sync=(False, False))

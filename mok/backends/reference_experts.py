@@ -104,6 +104,11 @@ class ExpertEngine:
         """An MXFP8 (data, scales) weight as this engine's `linear` takes it: its values."""
         return _dequant(pair, self)
 
+    def mx_weight_t(self, pair):
+        """W^T for a weight's transposed MXFP8 pair (data_t [E, N, K], blocks along K) as the
+        backward's `linear` (d_h, fp32) and `linear_sum` (d_x) take it: its values [E, N, K]."""
+        return _dequant(pair, self)
+
     def mx_round(self, t: torch.Tensor) -> torch.Tensor:
         """The values an MXFP8 GEMM sees for `t` quantized along its last dim."""
         data, scales, _, _ = self.quantize(t.to(torch.bfloat16), True, False)
@@ -238,43 +243,43 @@ def backward_bf16(d_out_rows, rw_rows, x_rows, gate, up, hidden, weights, gemm, 
     """
     w_gate, w_up, w_down = weights
     d_h = gemm.linear(d_out_rows, w_down.transpose(1, 2))
+    dgrad_weights = (w_gate.transpose(1, 2), w_up.transpose(1, 2))
     return _backward_tail(
-        d_h, d_out_rows, rw_rows, x_rows, gate, up, hidden, weights, gemm, limit, False
+        d_h, d_out_rows, rw_rows, x_rows, gate, up, hidden, dgrad_weights, gemm, limit, False
     )
 
 
 def mxfp8_backward_inputs(ctx, weights, gemm):
     """The values the MXFP8 backward reads besides d_out: ctx = (x_t, gate_q, up_q, hidden_t)
     as saved by forward_mxfp8 and weights = ((W_g fp8, sc, fp8_t, sc_t), (W_u ...), (W_d fp8_t,
-    sc_t)), dequantized. They need nothing from the exchange, so a pass can compute them while
-    its pulls run. Returns (W_d^T, (W_g^T, W_u^T, None), x, gate, up, hidden)."""
+    sc_t)): the activations dequantized, the weights' transposed pairs as `gemm.mx_weight_t`
+    gives them. They need nothing from the exchange, so a pass can compute them while its
+    pulls run. Returns (W_d^T, (W_g^T, W_u^T), x, gate, up, hidden)."""
     x_t, gate_q, up_q, hidden_t = ctx
     (_, _, g_t, g_t_sc), (_, _, u_t, u_t_sc), down_t = weights
-    # W_d^T's values as a transposed view of W_d-shaped storage: engines whose kernels store
-    # bf16 for [E, N, K] weights keep d_h in fp32 for this layout, as the table says.
-    down = _dequant(down_t, gemm, transposed=True).transpose(1, 2)
-    dense = tuple(_dequant(pair, gemm, transposed=True) for pair in ((g_t, g_t_sc), (u_t, u_t_sc)))
+    down, gate_t, up_t = (gemm.mx_weight_t(pair) for pair in (down_t, (g_t, g_t_sc), (u_t, u_t_sc)))
     activations = (
         _dequant(x_t, gemm, transposed=True),
         _dequant(gate_q, gemm),
         _dequant(up_q, gemm),
         _dequant(hidden_t, gemm, transposed=True),
     )
-    return (down, (*dense, None), *activations)
+    return (down, (gate_t, up_t), *activations)
 
 
 def backward_mxfp8(d_out_rows, rw_rows, inputs, gemm, limit):
     """MXFP8 backward on `inputs` = mxfp8_backward_inputs(...). Returns as `backward_bf16`."""
-    down, dense, x_rows, gate, up, hidden = inputs
+    down, dgrad_weights, x_rows, gate, up, hidden = inputs
     d_h = gemm.linear(gemm.mx_round(d_out_rows), down)
     return _backward_tail(
-        d_h, d_out_rows, rw_rows, x_rows, gate, up, hidden, dense, gemm, limit, True
+        d_h, d_out_rows, rw_rows, x_rows, gate, up, hidden, dgrad_weights, gemm, limit, True
     )
 
 
-def _backward_tail(d_h, d_out, rw, x, gate, up, hidden, weights, gemm, limit, mx):
-    """Shared part of both backward modes, from the unscaled d_h = d_out @ W_down."""
-    w_gate, w_up, _ = weights
+def _backward_tail(d_h, d_out, rw, x, gate, up, hidden, dgrad_weights, gemm, limit, mx):
+    """Shared part of both backward modes, from the unscaled d_h = d_out @ W_down;
+    `dgrad_weights` = (W_gate^T, W_up^T) as `linear_sum` takes them ([E, H, I])."""
+    w_gate_t, w_up_t = dgrad_weights
     unit = rw is None
     if unit:
         rw = d_h.new_ones(d_h.shape[0], dtype=torch.float32)
@@ -285,7 +290,7 @@ def _backward_tail(d_h, d_out, rw, x, gate, up, hidden, weights, gemm, limit, mx
         d_h, rw, gate, up, hidden, limit, scale_hidden=scale_hidden
     )
     dgrad_in = (gemm.mx_round(d_gate), gemm.mx_round(d_up)) if mx else (d_gate, d_up)
-    dgrad_terms = ((dgrad_in[0], w_gate.transpose(1, 2)), (dgrad_in[1], w_up.transpose(1, 2)))
+    dgrad_terms = ((dgrad_in[0], w_gate_t), (dgrad_in[1], w_up_t))
     d_x = gemm.linear_sum(dgrad_terms).to(torch.bfloat16)
     weight_grads = WeightGrads(gemm, (d_gate, d_up, d_out), None if unit else rw, x,
                                scaled[0] if scale_hidden else hidden, mx)  # fmt: skip

@@ -42,6 +42,8 @@ EXTENSION_SOURCES = [
     "csrc/gemm/linear.cu",
     "csrc/gemm/linear_mx.cu",
     "csrc/gemm/linear_mx_f16.cu",
+    "csrc/gemm/linear_mx_float.cu",
+    "csrc/gemm/linear_mx_pair.cu",
     "csrc/gemm/linear_pair.cu",
     "csrc/gemm/linear_swiglu.cu",
     "csrc/gemm/linear_transposed.cu",
