@@ -4,9 +4,11 @@
 // zeros and leaves. The backward's row sum (the router-weight gradient) is reduced in a fixed
 // order -- each thread's columns in order, then a fixed tree -- so it is bitwise reproducible.
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 
+#include "common/mxfp8_math.cuh"
 #include "common/swiglu_math.cuh"
 #include "experts.h"
 
@@ -32,6 +34,31 @@ struct Bf16x8 {
 
 __device__ Bf16x8 load8(const void* base, int64_t index) {
   return {reinterpret_cast<const uint4*>(base)[index]};
+}
+
+// Vector `index` (8 values from element 8 * index of a [rows, cols] matrix) of an MXFP8
+// matrix: E4M3 `data` and its swizzled `scales`, one scale for the 8 (8 divides a block), each
+// value mxfp8_dequantize's bf16(e4m3 * 2^(scale - 127)).
+__device__ Bf16x8 load8_mxfp8(const void* data, const void* scales, int64_t index, int64_t cols) {
+  const uint2 packed = reinterpret_cast<const uint2*>(data)[index];
+  const int64_t row = index * kVector / cols;
+  const int64_t col = index * kVector % cols;
+  const auto* bytes = static_cast<const uint8_t*>(scales);
+  const float scale = mxfp8::scale_value(bytes[mxfp8::swizzled_scale_index(row, col, cols)]);
+  const auto* fp8 = reinterpret_cast<const __nv_fp8_e4m3*>(&packed);
+  Bf16x8 out;
+  for (int i = 0; i < kVector; ++i) out.set(i, __fmul_rn(static_cast<float>(fp8[i]), scale));
+  return out;
+}
+
+// Vector `index` of gate or up: bf16, or (kMxfp8) dequantized from its MXFP8 pair.
+template <bool kMxfp8>
+__device__ Bf16x8 load_input8(const void* data, const void* scales, int64_t index, int64_t cols) {
+  if constexpr (kMxfp8) {
+    return load8_mxfp8(data, scales, index, cols);
+  } else {
+    return load8(data, index);
+  }
 }
 
 __device__ void store8(void* base, int64_t index, const Bf16x8& v) {
@@ -110,6 +137,8 @@ __device__ SwigluGrad swiglu_grad(float d_scaled, float gate, float up, bool has
   return {d_gate, d_up};
 }
 
+// kMxfp8: gate and up are MXFP8 pairs (args.gate_scale, args.up_scale).
+template <bool kMxfp8>
 __global__ void swiglu_backward_kernel(SwigluBackwardArgs args) {
   __shared__ float scratch[kThreads];
   const int64_t row = blockIdx.x;
@@ -128,8 +157,8 @@ __global__ void swiglu_backward_kernel(SwigluBackwardArgs args) {
     const float4* d_h = reinterpret_cast<const float4*>(args.d_h) + 2 * index;
     const float4 lo = d_h[0], hi = d_h[1];
     const float dh[kVector] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-    const Bf16x8 gate = load8(args.gate, index);
-    const Bf16x8 up = load8(args.up, index);
+    const Bf16x8 gate = load_input8<kMxfp8>(args.gate, args.gate_scale, index, args.inter);
+    const Bf16x8 up = load_input8<kMxfp8>(args.up, args.up_scale, index, args.inter);
     const Bf16x8 hidden = load8(args.hidden, index);
     Bf16x8 d_gate, d_up, d_hidden, scaled_hidden;
     for (int i = 0; i < kVector; ++i) {
@@ -180,7 +209,10 @@ cudaError_t launch_swiglu(const SwigluArgs& args, cudaStream_t stream) {
 }
 
 cudaError_t launch_swiglu_backward(const SwigluBackwardArgs& args, cudaStream_t stream) {
-  return detail::launch_rows(detail::swiglu_backward_kernel, args, stream);
+  const bool mxfp8 = args.gate_scale != nullptr;
+  return detail::launch_rows(mxfp8 ? detail::swiglu_backward_kernel<true>
+                                   : detail::swiglu_backward_kernel<false>,
+                             args, stream);
 }
 
 cudaError_t launch_scale_rows(const ScaleRowsArgs& args, cudaStream_t stream) {

@@ -29,8 +29,13 @@ struct SwigluArgs {
 struct SwigluBackwardArgs {
   const float* d_h = nullptr;        // fp32 [rows, inter]: d_out @ W_down (unscaled)
   const float* router_weight = nullptr;  // fp32 [rows]
-  const void* gate = nullptr;        // bf16 [rows, inter]
-  const void* up = nullptr;          // bf16 [rows, inter]
+  const void* gate = nullptr;        // bf16 [rows, inter], or E4M3 with `gate_scale`
+  const void* up = nullptr;          // bf16 [rows, inter], or E4M3 with `up_scale`
+  // Optional: gate and up are MXFP8 (the forward's saved pairs) with these swizzled scale
+  // tiles, blocks along inter (rows and inter multiples of 128); their values are
+  // mxfp8_dequantize's bf16, so the results are those of the dequantized tensors, bit for bit.
+  const void* gate_scale = nullptr;
+  const void* up_scale = nullptr;
   const void* hidden = nullptr;      // bf16 [rows, inter]
   void* d_gate = nullptr;            // bf16 [rows, inter] out
   void* d_up = nullptr;              // bf16 [rows, inter] out

@@ -19,12 +19,8 @@ constexpr int kPerThread = 16;
 
 // The scale of element (row, col).
 __device__ __forceinline__ float scale_at(const DequantizeArgs& args, int64_t row, int64_t col) {
-  const int64_t block = col / kBlock;  // scale block along the row
-  const int64_t tile = (row / kTile) * (args.cols / kTile) + block / (kTile / kBlock);
   const auto* scales = static_cast<const uint8_t*>(args.scale);
-  return scale_value(scales[tile * kTileScaleBytes +
-                            swizzled_scale_offset(static_cast<int>(row % kTile),
-                                                  static_cast<int>(block % (kTile / kBlock)))]);
+  return scale_value(scales[swizzled_scale_index(row, col, args.cols)]);
 }
 
 // The 16 values of the chunk of `data` starting at element (row, col), as bf16.

@@ -54,6 +54,20 @@ void swiglu_shape(Args& args, uintptr_t num_tokens, int64_t rows, int64_t inter,
   args.limit = limit;
 }
 
+// swiglu_backward's optional MXFP8 gate and up: both scale tiles or neither, whole 128 x 128
+// tiles (the swizzled layout's unit).
+inline void mxfp8_inputs(experts::SwigluBackwardArgs& args, uintptr_t gate_scale,
+                         uintptr_t up_scale) {
+  require((gate_scale == 0) == (up_scale == 0),
+          "`gate_scale` and `up_scale` must be given together (MXFP8 gate and up) or both be 0");
+  if (gate_scale == 0) return;
+  require(args.rows % 128 == 0 && args.inter % 128 == 0,
+          "MXFP8 gate and up need `rows` and `inter` multiples of 128, got rows=" +
+              std::to_string(args.rows) + ", inter=" + std::to_string(args.inter));
+  args.gate_scale = in<void>("gate_scale", gate_scale);
+  args.up_scale = in<void>("up_scale", up_scale);
+}
+
 }  // namespace expert_checks
 
 inline void swiglu(uintptr_t gate, uintptr_t up, uintptr_t hidden, uintptr_t num_tokens,
@@ -74,7 +88,8 @@ inline void swiglu_backward(uintptr_t d_h, uintptr_t router_weight, uintptr_t ga
                             uintptr_t hidden, uintptr_t d_gate, uintptr_t d_up,
                             uintptr_t d_hidden, uintptr_t d_router_weight, uintptr_t num_tokens,
                             int64_t rows, int64_t inter, bool has_limit, float limit,
-                            bool zero_rest, uintptr_t stream, uintptr_t scaled_hidden) {
+                            bool zero_rest, uintptr_t stream, uintptr_t scaled_hidden,
+                            uintptr_t gate_scale, uintptr_t up_scale) {
   namespace check = expert_checks;
   experts::SwigluBackwardArgs args;
   check::swiglu_shape(args, num_tokens, rows, inter, has_limit, limit);
@@ -82,6 +97,7 @@ inline void swiglu_backward(uintptr_t d_h, uintptr_t router_weight, uintptr_t ga
   args.router_weight = check::in<float>("router_weight", router_weight, 4);
   args.gate = check::in<void>("gate", gate);
   args.up = check::in<void>("up", up);
+  check::mxfp8_inputs(args, gate_scale, up_scale);
   args.hidden = check::in<void>("hidden", hidden);
   args.d_gate = check::out<void>("d_gate", d_gate);
   args.d_up = check::out<void>("d_up", d_up);
@@ -120,11 +136,13 @@ inline void bind_experts(pybind11::module_& m) {
         py::arg("gate"), py::arg("up"), py::arg("hidden"), py::arg("d_gate"), py::arg("d_up"),
         py::arg("d_hidden"), py::arg("d_router_weight"), py::arg("num_tokens"), py::arg("rows"),
         py::arg("inter"), py::arg("has_limit"), py::arg("limit"), py::arg("zero_rest"),
-        py::arg("stream"), py::arg("scaled_hidden") = 0,
+        py::arg("stream"), py::arg("scaled_hidden") = 0, py::arg("gate_scale") = 0,
+        py::arg("up_scale") = 0,
         R"doc(SwiGLU backward of rw * d_h and the router-weight gradient, per routed row.
 
-d_h fp32 [rows, inter]; router_weight fp32 [rows]; gate, up, hidden bf16 [rows, inter].
-Writes d_gate, d_up, d_hidden = bf16(rw * d_h) and d_router_weight[r] = sum_i d_h * hidden
+d_h fp32 [rows, inter]; router_weight fp32 [rows]; gate, up, hidden bf16 [rows, inter], or gate
+and up E4M3 with non-zero gate_scale and up_scale (their swizzled scale tiles, blocks along inter;
+rows and inter multiples of 128), read as their mxfp8_dequantize values. Writes d_gate, d_up, d_hidden = bf16(rw * d_h) and d_router_weight[r] = sum_i d_h * hidden
 (fp32, fixed order); with a non-zero scaled_hidden also bf16(rw * hidden) there (scale_rows of
 hidden, bit for bit). Rows >= *num_tokens get d_router_weight 0 and, when zero_rest, zeros in
 the other outputs (else those rows are left untouched).)doc");

@@ -24,6 +24,15 @@ __device__ __forceinline__ int swizzled_scale_offset(int r, int kb) {
   return (r % 32) * 16 + (r / 32) * 4 + kb;
 }
 
+// Index of element (row, col)'s scale byte among the swizzled scale tiles of a [rows, cols]
+// matrix with blocks along its rows (mok.mxfp8's layout: tiles row-major, 128 x 128 each).
+__device__ __forceinline__ int64_t swizzled_scale_index(int64_t row, int64_t col, int64_t cols) {
+  const int64_t block = col / kBlock;
+  const int64_t tile = (row / kTile) * (cols / kTile) + block / (kTile / kBlock);
+  return tile * kTileScaleBytes + swizzled_scale_offset(static_cast<int>(row % kTile),
+                                                        static_cast<int>(block % (kTile / kBlock)));
+}
+
 // Folds one packed bf16 pair into the running block maximum `amax2` (two 16-bit |x| bit patterns;
 // unsigned order of magnitudes is numeric order) and returns the pair ready for conversion.
 // NaN does not take part in the maximum (the reference ignores it, like fmaxf), and its sign is

@@ -119,6 +119,30 @@ def _quantize(x, normal: bool, transposed: bool, rounded: str | None, used_rows,
     return x_fp8, x_sc, x_fp8_t, x_sc_t, values
 
 
+def check_mxfp8_pair(data, scales, names=("data", "scales")) -> None:
+    """An MXFP8 pair as mxfp8_quantize writes it, on a CUDA device: `data` float8_e4m3fn
+    `[R, C]` / `[E, R, C]` (R, C multiples of 128) with blocks along C, `scales` uint8
+    `[E*R/128, C/128, 32, 16]` on the same device; `names` are the two arguments' in errors."""
+    data_name, scales_name = names
+    mxfp8_format._check_matrix(data_name, data, torch.float8_e4m3fn)
+    if not data.is_cuda:
+        raise ValueError(f"`{data_name}` must be on a CUDA device, got {data.device}")
+    rows, cols = data.numel() // data.shape[-1], data.shape[-1]
+    expected = [rows // 128, cols // 128, 32, 16]
+    if (
+        not isinstance(scales, torch.Tensor)
+        or scales.dtype != torch.uint8
+        or list(scales.shape) != expected
+        or scales.device != data.device
+    ):
+        got = (f"{scales.dtype} {list(scales.shape)} on {scales.device}"
+               if isinstance(scales, torch.Tensor) else type(scales).__name__)  # fmt: skip
+        raise ValueError(
+            f"`{scales_name}` must be uint8 {expected} on {data.device} for `{data_name}` of "
+            f"shape {list(data.shape)}, got {got}"
+        )
+
+
 def mxfp8_dequantize(
     data: torch.Tensor, scales: torch.Tensor, transposed: bool = False
 ) -> torch.Tensor:
@@ -129,20 +153,8 @@ def mxfp8_dequantize(
     `data` float8_e4m3fn `[R, C]` / `[E, R, C]` with blocks along C, `scales` uint8
     `[E*R/128, C/128, 32, 16]` on the same CUDA device.
     """
-    mxfp8_format._check_matrix("data", data, torch.float8_e4m3fn)
-    if not data.is_cuda:
-        raise ValueError(f"`data` must be on a CUDA device, got {data.device}")
+    check_mxfp8_pair(data, scales)
     rows, cols = data.numel() // data.shape[-1], data.shape[-1]
-    expected = [rows // 128, cols // 128, 32, 16]
-    if (
-        scales.dtype != torch.uint8
-        or list(scales.shape) != expected
-        or scales.device != data.device
-    ):
-        raise ValueError(
-            f"`scales` must be uint8 {expected} on {data.device} for `data` of shape "
-            f"{list(data.shape)}, got {scales.dtype} {list(scales.shape)} on {scales.device}"
-        )
     data, scales = _extension.aligned(data), _extension.aligned(scales)
     shape = (*data.shape[:-2], data.shape[-1], data.shape[-2]) if transposed else data.shape
     out = torch.empty(shape, dtype=torch.bfloat16, device=data.device)

@@ -28,6 +28,12 @@ class CudaElementwise:
     def swiglu(self, gate: torch.Tensor, up: torch.Tensor, limit: float | None) -> torch.Tensor:
         return cuda_experts.swiglu(gate, up, self.num_tokens, limit, zero_rest=False)
 
+    @staticmethod
+    def mx_swiglu_input(pair) -> tuple[torch.Tensor, torch.Tensor]:
+        """The saved MXFP8 pair itself: the SwiGLU backward kernel reads gate and up as stored
+        (their bf16 copies are not made, NOTES v28)."""
+        return tuple(pair)
+
     def swiglu_backward(self, d_h, rw, gate, up, hidden, limit: float | None, *,
                         scale_hidden=False):  # fmt: skip
         return cuda_experts.swiglu_backward(

@@ -107,24 +107,36 @@ def swiglu_backward(
     """(d_router_weight fp32 [R], d_gate, d_up, d_hidden bf16 [R, I]) from fp32 d_h [R, I]; rows
     past num_tokens get d_router_weight 0 and zeros elsewhere, or (not `zero_rest`) nothing.
     `scale_hidden` appends `scale_rows(hidden, router_weight)` (bit for bit), written in the same
-    pass, which reads hidden anyway."""
-    inter = gate.shape[-1] if isinstance(gate, torch.Tensor) else None
-    given = {"gate": gate, "up": up, "hidden": hidden, "d_h": d_h}
+    pass, which reads hidden anyway. gate and up are bf16 [R, I], or both MXFP8 (data, scales)
+    pairs as mxfp8_quantize writes them (the forward's saved gate and up; R and I multiples of
+    128), read as their mxfp8_dequantize values: the same bits as on those values."""
+    mxfp8 = isinstance(gate, tuple)
+    if isinstance(up, tuple) != mxfp8:
+        raise TypeError("`gate` and `up` must both be tensors or both MXFP8 (data, scales) pairs")
+    scales = {}
+    if mxfp8:
+        for name, pair in (("gate", gate), ("up", up)):
+            cuda.check_mxfp8_pair(*pair, names=(f"{name}[0] (data)", f"{name}[1] (scales)"))
+        (gate, scales["gate_scale"]), (up, scales["up_scale"]) = gate, up
+    inter = hidden.shape[-1] if isinstance(hidden, torch.Tensor) else None
+    given = {"hidden": hidden, "gate": gate, "up": up, "d_h": d_h}
     _check_rows({**given, "router_weight": router_weight, "num_tokens": num_tokens}, [inter], "R I")
-    gate, up, hidden = _bf16(gate), _bf16(up), _bf16(hidden)
-    outputs = [torch.empty_like(gate) for _ in range(4 if scale_hidden else 3)]
-    d_router_weight = torch.empty(gate.shape[0], dtype=torch.float32, device=gate.device)
+    hidden = _bf16(hidden)
+    gate, up = (_extension.aligned(t) if mxfp8 else _bf16(t) for t in (gate, up))
+    outputs = [torch.empty_like(hidden) for _ in range(4 if scale_hidden else 3)]
+    d_router_weight = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
     tensors = {
         "d_h": _extension.aligned(d_h.float()),
         "router_weight": router_weight.float().contiguous(),
         "gate": gate,
         "up": up,
         "hidden": hidden,
+        **{name: _extension.aligned(t) for name, t in scales.items()},
         **dict(zip(_SWIGLU_BACKWARD_OUTPUTS[: len(outputs)], outputs, strict=True)),
         "d_router_weight": d_router_weight,
         "num_tokens": num_tokens,
     }
-    _launch("swiglu_backward", tensors, rows=gate.shape[0], inter=gate.shape[1],
+    _launch("swiglu_backward", tensors, rows=hidden.shape[0], inter=hidden.shape[1],
             zero_rest=zero_rest, **_limit(limit))  # fmt: skip
     return (d_router_weight, *outputs)
 

@@ -104,6 +104,11 @@ class ExpertEngine:
         """An MXFP8 (data, scales) weight as this engine's `linear` takes it: its values."""
         return _dequant(pair, self)
 
+    def mx_swiglu_input(self, pair):
+        """The forward's saved MXFP8 gate or up (a normal pair) as this engine's
+        `swiglu_backward` takes it: its values."""
+        return _dequant(pair, self)
+
     def mx_weight_t(self, pair):
         """W^T for a weight's transposed MXFP8 pair (data_t [E, N, K], blocks along K) as the
         backward's `linear` (d_h, fp32) and `linear_sum` (d_x) take it: its values [E, N, K]."""
@@ -252,16 +257,17 @@ def backward_bf16(d_out_rows, rw_rows, x_rows, gate, up, hidden, weights, gemm, 
 def mxfp8_backward_inputs(ctx, weights, gemm):
     """The values the MXFP8 backward reads besides d_out: ctx = (x_t, gate_q, up_q, hidden_t)
     as saved by forward_mxfp8 and weights = ((W_g fp8, sc, fp8_t, sc_t), (W_u ...), (W_d fp8_t,
-    sc_t)): the activations dequantized, the weights' transposed pairs as `gemm.mx_weight_t`
-    gives them. They need nothing from the exchange, so a pass can compute them while its
-    pulls run. Returns (W_d^T, (W_g^T, W_u^T), x, gate, up, hidden)."""
+    sc_t)): x and hidden dequantized, gate and up as `gemm.mx_swiglu_input` and the weights'
+    transposed pairs as `gemm.mx_weight_t` give them. They need nothing from the exchange, so a
+    pass can compute them while its pulls run. Returns (W_d^T, (W_g^T, W_u^T), x, gate, up,
+    hidden)."""
     x_t, gate_q, up_q, hidden_t = ctx
     (_, _, g_t, g_t_sc), (_, _, u_t, u_t_sc), down_t = weights
     down, gate_t, up_t = (gemm.mx_weight_t(pair) for pair in (down_t, (g_t, g_t_sc), (u_t, u_t_sc)))
     activations = (
         _dequant(x_t, gemm, transposed=True),
-        _dequant(gate_q, gemm),
-        _dequant(up_q, gemm),
+        gemm.mx_swiglu_input(gate_q),
+        gemm.mx_swiglu_input(up_q),
         _dequant(hidden_t, gemm, transposed=True),
     )
     return (down, (gate_t, up_t), *activations)

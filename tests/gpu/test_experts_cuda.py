@@ -102,6 +102,30 @@ def test_swiglu_mxfp8_is_the_unfused_steps_bit_for_bit(case, seed):
         assert torch.equal(g.view(torch.uint8), w.view(torch.uint8)), f"{name} differs"
 
 
+@pytest.mark.parametrize("case", CASES[:4], ids=IDS[:4])  # rows in MXFP8's 128-row tiles
+def test_swiglu_backward_of_mxfp8_gate_and_up_is_that_of_their_values_bit_for_bit(case, seed):
+    """MXFP8 gate and up (the forward's saved pairs, NaN and all-zero blocks among them) read
+    as stored give every output the backward gives on their mxfp8_dequantize values."""
+    rows, used, inter, limit = case
+    _, rand, gate, up, num_tokens = _data(case, seed)
+    gate[:, :32] = float("nan")  # a block of NaN values, and one of zeros, in every row
+    up[:, 32:64] = 0.0
+    pairs = [cuda.mxfp8_quantize(t)[:2] for t in (gate, up)]
+    values = [cuda.mxfp8_dequantize(*pair) for pair in pairs]
+    hidden = cuda_experts.swiglu(*values, num_tokens, limit)
+    d_h, rw = rand(rows, inter, scale=1.0), rand(rows, scale=1.0)
+    got = cuda_experts.swiglu_backward(d_h, rw, *pairs, hidden, num_tokens, limit)
+    want = cuda_experts.swiglu_backward(d_h, rw, *values, hidden, num_tokens, limit)
+    names = ("d_router_weight", "d_gate", "d_up", "d_hidden")
+    for name, g, w in zip(names, got, want, strict=True):
+        assert torch.equal(g.view(torch.uint8), w.view(torch.uint8)), f"{name} differs"
+    with pytest.raises(TypeError, match="both be tensors or both MXFP8"):
+        cuda_experts.swiglu_backward(d_h, rw, pairs[0], values[1], hidden, num_tokens, limit)
+    with pytest.raises(ValueError, match=r"`up\[1\] \(scales\)` must be uint8"):
+        bad = (pairs[1][0], pairs[1][1][:, :1])
+        cuda_experts.swiglu_backward(d_h, rw, pairs[0], bad, hidden, num_tokens, limit)
+
+
 @pytest.mark.parametrize("case", CASES[1:2] + CASES[3:], ids=IDS[1:2] + IDS[3:])
 def test_rows_past_num_tokens_stay_untouched_without_zero_rest(case, seed):
     """zero_rest=False (the routed buffers): the SwiGLU kernels write rows < num_tokens as with
