@@ -14,10 +14,13 @@ Problems (R received rows in E ragged segments, H hidden, I intermediate):
 | down_mx       | down on the MXFP8 values (bf16)          | linear_mx                           |
 | gate_up_mx_f16| gate_up_mx                               | linear_mx_f16: f16 rows rebased     |
 | down_mx_f16   | down_mx                                  | linear_mx_f16                       |
+| dgrad_down_mx | dgrad_down on the MXFP8 values of W_d^T  | linear_mx to fp32 on W_d^T's pair   |
+| dgrad_gate_up_mx | dgrad_gate_up on W_g^T's, W_u^T's values | linear_mx_sum on the two pairs   |
 
 The `_mx` problems quantize the weights once (mok's kernel) and give torch their dequantized
 bf16 values: the same products as mok's GEMM, which reads the MXFP8 pair as the MXFP8
-forward stores it. The `_mx_f16` rows give mok's f16 GEMM (kind 6) the rows rebased
+forward stores it (the `dgrad_*_mx` rows: the weights' transposed pairs, as the MXFP8 backward
+takes them). The `_mx_f16` rows give mok's f16 GEMM (kind 6) the rows rebased
 (cuda_rebased.rebase_rows) and the weights prepared (rebase_weight) once, outside the timing,
 as the quantization is.
 
@@ -90,6 +93,7 @@ def rates(timer: harness.Timer, rows: torch.Tensor, offs: torch.Tensor, gate_up,
     )
     if mok:
         problems.update(_mx_problems(rows, h_rows, gate_up, down, offs, counts))
+        problems.update(_mx_dgrad_problems(d_y, d_gu, gate_up, down, offs, counts))
     out: dict[str, float] = {"grouped_mm_rows": n}
 
     def tflops(flop: int, fn) -> float:
@@ -130,6 +134,34 @@ def _mx_problems(rows, h_rows, gate_up, down, offs, counts) -> dict:
             lambda a=rows, w=weight: cuda_rebased.linear_mx_f16(a, [w], counts),
         )
     return problems
+
+
+def _mx_dgrad_problems(d_y, d_gu, gate_up, down, offs, counts) -> dict:
+    """dgrad_down_mx and dgrad_gate_up_mx: (FLOPs, torch on the dequantized values, mok on the
+    weights' transposed MXFP8 pairs, W^T [E, N, K] with blocks along K)."""
+
+    def transposed_pair(weight):  # [E, K, N] -> W^T's pair and W's dequantized values
+        data, scales = cuda.mxfp8_quantize(weight.transpose(1, 2).contiguous())[:2]
+        return cuda_gemm.MxWeightT(data, scales), cuda.mxfp8_dequantize(data, scales).mT
+
+    down_t, down_values = transposed_pair(down)
+    (gate_t, gate_values), (up_t, up_values) = (transposed_pair(w) for w in _halves(gate_up))
+    stacked = torch.cat([gate_values, up_values], dim=1)  # [E, 2I, H], as torch's d_x reads it
+    d_gate, d_up = _halves(d_gu)
+    flops = 2 * d_y.shape[0] * d_y.shape[1] * down.shape[2]
+    f32 = torch.float32
+    return {
+        "dgrad_down_mx": (
+            flops,
+            lambda: torch._grouped_mm(d_y, down_values, offs=offs),
+            lambda: cuda_gemm.linear_mx(d_y, [down_t], counts, out_dtype=f32),
+        ),
+        "dgrad_gate_up_mx": (
+            2 * flops,
+            lambda: torch._grouped_mm(d_gu, stacked, offs=offs),
+            lambda: cuda_gemm.linear_mx_sum([(d_gate, gate_t), (d_up, up_t)], counts),
+        ),
+    }
 
 
 def pass_gemms(timer: harness.Timer, rows, offs, gate_up, down, x, shared) -> dict:
