@@ -50,8 +50,9 @@ struct GroupedGemm {
   static constexpr int kAlignment = 16 / sizeof(Element);
   static constexpr int kAlignmentD = 16 / sizeof(ElementD);
 
-  // The MXFP8 kinds' five mainloop stages leave ~17 KB of shared memory: room for the auto
-  // epilogue tile's two bf16 stages but not its fp32 ones, so fp32 D goes out in 128 x 16.
+  // The MXFP8 kinds' five mainloop stages leave the epilogue ~23 KB of shared memory: room for
+  // the auto epilogue tile's bf16 stages (18 KB) but not its fp32 ones (34 KB), so fp32 D goes
+  // out in 128 x 16 tiles.
   using EpilogueTile =
       std::conditional_t<kMxWeight && sizeof(ElementD) == 4, cute::Shape<cute::_128, cute::_16>,
                          cutlass::epilogue::collective::EpilogueTileAuto>;
