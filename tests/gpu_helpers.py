@@ -52,6 +52,20 @@ def case_generator(case, seed: int) -> torch.Generator:
     return torch.Generator(device="cuda").manual_seed(seed + hash(str(case)) % 100_000)
 
 
+def spread_mxfp8_weight(gen: torch.Generator, experts: int, n: int, k: int, spread: int):
+    """(data, scales) of an MXFP8 weight [E, N, K] quantized by mok's kernel from random bf16
+    whose rows' magnitudes span 2^-spread .. 2^min(spread, 118) (bf16 stays finite), so blocks
+    get scale bytes from 0 to ~245 and, past spread 126, dequantized values that are bf16
+    subnormals."""
+    from mok.backends import cuda
+
+    values = torch.randn((experts, n, k), generator=gen, device="cuda")
+    high = min(spread, 118) + 1
+    exponents = torch.randint(-spread, high, (experts, n, 1), generator=gen, device="cuda")
+    data, scales, _, _ = cuda.mxfp8_quantize((values * 2.0**exponents).bfloat16(), True, False)
+    return data, scales
+
+
 def module_seed(label: str):
     """A module-scoped `seed` fixture for one-GPU test modules: MOK_TEST_SEED when set, else a
     fresh random seed, printed as "<label> test seed: ..." so a failure can be replayed."""

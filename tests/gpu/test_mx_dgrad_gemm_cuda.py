@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gpu_helpers import case_generator, module_seed, requires_gpu_module
+from gpu_helpers import case_generator, module_seed, requires_gpu_module, spread_mxfp8_weight
 
 from mok.backends import cuda, cuda_gemm
 
@@ -35,12 +35,8 @@ seed = module_seed("MXFP8 data-gradient GEMMs")
 
 
 def _weight(gen, experts, n, k, spread: int):
-    """(MxWeightT, bf16 values) of an MXFP8 [E, N, K] weight whose rows' magnitudes span
-    2^-spread .. 2^min(spread, 118)."""
-    values = torch.randn((experts, n, k), generator=gen, device="cuda")
-    high = min(spread, 118) + 1
-    exponents = torch.randint(-spread, high, (experts, n, 1), generator=gen, device="cuda")
-    data, scales, _, _ = cuda.mxfp8_quantize((values * 2.0**exponents).bfloat16(), True, False)
+    """(MxWeightT, bf16 dequantized values) of gpu_helpers.spread_mxfp8_weight's weight."""
+    data, scales = spread_mxfp8_weight(gen, experts, n, k, spread)
     return cuda_gemm.MxWeightT(data, scales), cuda.mxfp8_dequantize(data, scales)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gpu_helpers import case_generator, module_seed, requires_gpu_module
+from gpu_helpers import case_generator, module_seed, requires_gpu_module, spread_mxfp8_weight
 
 from mok.backends import cuda, cuda_gemm, cuda_rebased
 
@@ -27,11 +27,7 @@ seed = module_seed("f16 MXFP8 GEMM")
 
 
 def _weight(gen, experts, n, k, spread: int):
-    values = torch.randn((experts, n, k), generator=gen, device="cuda")
-    exponents = torch.randint(-spread, min(spread, 118) + 1, (experts, n, 1), generator=gen,
-                              device="cuda")  # fmt: skip
-    data, scales, _, _ = cuda.mxfp8_quantize((values * 2.0**exponents).bfloat16(), True, False)
-    return cuda_gemm.MxWeight(data, scales)
+    return cuda_gemm.MxWeight(*spread_mxfp8_weight(gen, experts, n, k, spread))
 
 
 def _rounded_rows(gen, total, k, spread: int):
