@@ -66,6 +66,13 @@ def spread_mxfp8_weight(gen: torch.Generator, experts: int, n: int, k: int, spre
     return data, scales
 
 
+def poison_next_allocation(shape, dtype: torch.dtype) -> None:
+    """Leaves a NaN-filled block of this size in the CUDA caching allocator's pool, so that the
+    next allocation of that size on the current stream (a kernel's output) starts as NaN rather
+    than as whatever fresh memory holds (often zeros, which would hide unwritten rows)."""
+    torch.full(shape, float("nan"), dtype=dtype, device="cuda")
+
+
 def module_seed(label: str):
     """A module-scoped `seed` fixture for one-GPU test modules: MOK_TEST_SEED when set, else a
     fresh random seed, printed as "<label> test seed: ..." so a failure can be replayed."""

@@ -4,15 +4,22 @@ accumulation (cuda_gemm.linear_mx_sum, kind 8), against fp32 products of the wei
 mxfp8_dequantize values and against the bf16 kinds they replace on those values.
 
 One GPU. Weights are quantized by mok's kernel from fresh random bf16 (seed printed; replay
-with MOK_TEST_SEED), their rows spanning many scale exponents; outputs are fresh each launch and
-checked whole (rows past the segments must come back zero).
+with MOK_TEST_SEED), their rows spanning many scale exponents. Outputs are checked whole, their
+memory NaN before each launch (gpu_helpers.poison_next_allocation), so rows past the segments
+must have been written zero.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from gpu_helpers import case_generator, module_seed, requires_gpu_module, spread_mxfp8_weight
+from gpu_helpers import (
+    case_generator,
+    module_seed,
+    poison_next_allocation,
+    requires_gpu_module,
+    spread_mxfp8_weight,
+)
 
 from mok.backends import cuda, cuda_gemm
 
@@ -62,6 +69,7 @@ def test_fp32_output_matches_fp32_products_and_the_transposed_bf16_kind(case, se
     total = sum(rows) + 256
     a = torch.randn((total, k), generator=gen, device="cuda").bfloat16()
     weight, values = _weight(gen, len(rows), n, k, spread=4)
+    poison_next_allocation((total, n), torch.float32)
     got = cuda_gemm.linear_mx(a, [weight], _counts(rows), out_dtype=torch.float32)[0]
     assert got.dtype == torch.float32
     ref = _segments_product([(a, values)], rows, total, n)
@@ -80,6 +88,7 @@ def test_pair_sum_matches_fp32_products_and_the_bf16_pair_kind(case, seed):
     total = sum(rows) + 256
     a1, a2 = (torch.randn((total, k), generator=gen, device="cuda").bfloat16() for _ in range(2))
     (w1, v1), (w2, v2) = (_weight(gen, len(rows), n, k, spread=4) for _ in range(2))
+    poison_next_allocation((total, n), torch.bfloat16)
     got = cuda_gemm.linear_mx_sum([(a1, w1), (a2, w2)], _counts(rows))
     assert got.dtype == torch.bfloat16
     ref = _segments_product([(a1, v1), (a2, v2)], rows, total, n)
@@ -129,7 +138,9 @@ def test_padding_rows_and_repeats(seed):
     want_h = cuda_gemm.linear_mx(clean[0], [w1], counts, out_dtype=torch.float32)[0]
     want_x = cuda_gemm.linear_mx_sum([(clean[0], w1), (clean[1], w2)], counts)
     for _ in range(5):
+        poison_next_allocation((total, n), torch.float32)
         got_h = cuda_gemm.linear_mx(poisoned[0], [w1], counts, source, out_dtype=torch.float32)
+        poison_next_allocation((total, n), torch.bfloat16)
         got_x = cuda_gemm.linear_mx_sum([(poisoned[0], w1), (poisoned[1], w2)], counts, source)
         assert torch.equal(got_h[0], want_h)
         assert torch.equal(got_x, want_x)
