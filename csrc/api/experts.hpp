@@ -141,10 +141,11 @@ inline void bind_experts(pybind11::module_& m) {
         R"doc(SwiGLU backward of rw * d_h and the router-weight gradient, per routed row.
 
 d_h fp32 [rows, inter]; router_weight fp32 [rows]; gate, up, hidden bf16 [rows, inter], or gate
-and up E4M3 with non-zero gate_scale and up_scale (their swizzled scale tiles, blocks along inter;
-rows and inter multiples of 128), read as their mxfp8_dequantize values. Writes d_gate, d_up, d_hidden = bf16(rw * d_h) and d_router_weight[r] = sum_i d_h * hidden
-(fp32, fixed order); with a non-zero scaled_hidden also bf16(rw * hidden) there (scale_rows of
-hidden, bit for bit). Rows >= *num_tokens get d_router_weight 0 and, when zero_rest, zeros in
+and up E4M3 with non-zero gate_scale and up_scale (their swizzled scale tiles, blocks along
+inter; rows and inter multiples of 128), read as their mxfp8_dequantize values. Writes d_gate,
+d_up, d_hidden = bf16(rw * d_h) and d_router_weight[r] = sum_i d_h * hidden (fp32, fixed
+order); with a non-zero scaled_hidden also bf16(rw * hidden) there (scale_rows of hidden, bit
+for bit). Rows >= *num_tokens get d_router_weight 0 and, when zero_rest, zeros in
 the other outputs (else those rows are left untouched).)doc");
   m.def("scale_rows", &scale_rows, py::arg("x"), py::arg("weight"), py::arg("out"),
         py::arg("num_tokens"), py::arg("rows"), py::arg("cols"), py::arg("zero_rest"),

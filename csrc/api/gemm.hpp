@@ -90,8 +90,7 @@ inline void mx_weight_operands(gemm::GroupedArgs& args, uintptr_t b_scale, uintp
   }
   check::require(args.n % 128 == 0 && args.k % 128 == 0,
                  "kinds 4, 6, 7 and 8 need `n` and `k` multiples of 128 (whole MXFP8 scale "
-                 "tiles), "
-                 "got n=" +
+                 "tiles), got n=" +
                      std::to_string(args.n) + ", k=" + std::to_string(args.k));
 }
 
