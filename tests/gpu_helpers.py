@@ -66,11 +66,13 @@ def spread_mxfp8_weight(gen: torch.Generator, experts: int, n: int, k: int, spre
     return data, scales
 
 
-def poison_next_allocation(shape, dtype: torch.dtype) -> None:
-    """Leaves a NaN-filled block of this size in the CUDA caching allocator's pool, so that the
-    next allocation of that size on the current stream (a kernel's output) starts as NaN rather
-    than as whatever fresh memory holds (often zeros, which would hide unwritten rows)."""
-    torch.full(shape, float("nan"), dtype=dtype, device="cuda")
+def poison_next_allocation(shape, dtype: torch.dtype, count: int = 1) -> None:
+    """Leaves `count` NaN-filled blocks of this size in the CUDA caching allocator's pool, so
+    that the next allocations of that size on the current stream (a kernel's outputs) start as
+    NaN rather than as whatever fresh memory holds (often zeros, which would hide unwritten
+    rows). The blocks are held together until all are filled, so they are distinct."""
+    blocks = [torch.full(shape, float("nan"), dtype=dtype, device="cuda") for _ in range(count)]
+    del blocks
 
 
 def module_seed(label: str):

@@ -3,14 +3,21 @@ bf16 GEMM (kind 0) on the same weights' mxfp8_dequantize values and against fp32
 
 One GPU. Weights are quantized by mok's kernel from fresh random bf16 (seed printed; replay with
 MOK_TEST_SEED), with rows spanning many scale exponents so that every scale path is exercised;
-outputs are poisoned with NaN before each launch.
+outputs whose rows past the segments are checked for zeros are NaN before their launch
+(gpu_helpers.poison_next_allocation).
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from gpu_helpers import case_generator, module_seed, requires_gpu_module, spread_mxfp8_weight
+from gpu_helpers import (
+    case_generator,
+    module_seed,
+    poison_next_allocation,
+    requires_gpu_module,
+    spread_mxfp8_weight,
+)
 
 from mok.backends import cuda, cuda_gemm
 
@@ -51,8 +58,9 @@ def test_matches_bf16_gemm_on_dequantized_weights(case, seed):
     total, experts = sum(rows) + 256, len(rows)
     a = torch.randn((total, k), generator=gen, device="cuda").bfloat16()
     (w1, v1), (w2, v2) = (_weight(gen, experts, n, k, spread=4) for _ in range(2))
-    got = cuda_gemm.linear_mx(a, [w1, w2], torch.tensor(rows, dtype=torch.int32, device="cuda"))
     counts = torch.tensor(rows, dtype=torch.int32, device="cuda")
+    poison_next_allocation((total, n), torch.bfloat16, count=2)
+    got = cuda_gemm.linear_mx(a, [w1, w2], counts)
     want = cuda_gemm.linear(a, [v1, v2], counts)
     starts = [sum(rows[:e]) for e in range(experts)]
     for out, bf16_out, values in zip(got, want, (v1, v2), strict=True):
