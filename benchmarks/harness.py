@@ -14,7 +14,7 @@ import statistics
 import subprocess
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -151,16 +151,32 @@ class Timer:
 
     def measure(self, fn: Callable, setup: Callable | None = None) -> Timing:
         """Warm up (at least once, until warmup_s), then iterate until budget_s or max_iters."""
+        return self._iterate([fn], setup)[0]
+
+    def measure_interleaved(self, fns: Sequence[Callable]) -> list[Timing]:
+        """measure() of each of fns, taken in turns, one iteration of each a round, so every fn
+        meets the clock the others meet: under the power cap it drifts by several % over the
+        seconds between two measure() calls, which moved the ratio of two GEMMs' rates by up
+        to ±4% from round to round (benchmarks/NOTES.md v29). budget_s is their total; no
+        power record (its samples and energy are the fns' together)."""
+        return self._iterate(list(fns), None)
+
+    def _iterate(self, fns: list[Callable], setup: Callable | None) -> list[Timing]:
         warm, spent = 0, 0.0
         while warm == 0 or (spent < self.warmup_s * 1e3 and warm < 5):
-            spent += self._once(fn, setup)
+            spent += sum(self._once(fn, setup) for fn in fns)
             warm += 1
-        times: list[float] = []
+        times: list[list[float]] = [[] for _ in fns]
+        total = 0.0
         with power.Sampler(self.d.device if self.d.cuda else None) as sampler:
-            while not times or (len(times) < self.max_iters and sum(times) < self.budget_s * 1e3):
-                times.append(self._once(fn, setup))
-        watts = power.per_rank(sampler.summary, self.d.group, len(times))
-        return Timing(statistics.median(times), min(times), max(times), len(times), warm, watts)
+            while not times[0] or (len(times[0]) < self.max_iters and total < self.budget_s * 1e3):
+                for fn, series in zip(fns, times, strict=True):
+                    series.append(self._once(fn, setup))
+                    total += series[-1]
+        watts = None
+        if len(fns) == 1:
+            watts = power.per_rank(sampler.summary, self.d.group, len(times[0]))
+        return [Timing(statistics.median(t), min(t), max(t), len(t), warm, watts) for t in times]
 
     def busy_ms(self, fn: Callable, calls: int = 20) -> float | None:
         """The slowest rank's GPU busy ms per call of fn under sustained load (None without

@@ -160,6 +160,27 @@ def test_local_ms_times_one_call_without_a_process_group():
     assert 20.0 <= ms < 2000.0
 
 
+def test_interleaved_measurement_alternates_and_shares_the_budget(single_rank_group):
+    """Timer.measure_interleaved: warm-up and timed calls take the fns in turn (a, b, a, b, ...),
+    each fn gets its own Timing of its own calls, and budget_s bounds their total."""
+    import torch
+
+    harness = _load("harness")
+    d = harness.Dist(0, 1, torch.device("cpu"), single_rank_group)
+    timer = harness.Timer(d, warmup_s=0.0, budget_s=0.1, max_iters=50)
+    calls = []
+    slow = timer.measure_interleaved(
+        [lambda: (calls.append("a"), time.sleep(0.01)), lambda: calls.append("b")]
+    )[0]
+    assert calls == ["a", "b"] * (len(calls) // 2) and len(calls) % 2 == 0
+    assert slow.warmup_iters == 1 and 1 + slow.iters == len(calls) // 2
+    assert 10.0 <= slow.min_ms and 4 <= slow.iters <= 11 and slow.power is None
+    calls.clear()
+    fast, slow = timer.measure_interleaved([lambda: calls.append("b"), lambda: time.sleep(0.01)])
+    assert fast.iters == slow.iters and fast.median_ms < 10.0 <= slow.median_ms
+    assert timer.measure(lambda: None).power is not None  # one fn keeps its power record
+
+
 def test_timeline_counts_overlapping_kernels_once_and_the_host_waits_apart():
     """harness.timeline_ms on kernel spans (µs): the marker [0, 10], the call's first kernel
     20 µs after it, a second stream's kernel inside the first one, then a 10 µs gap."""
