@@ -51,21 +51,23 @@ struct GroupedGemm {
   static constexpr int kAlignmentD = 16 / sizeof(ElementD);
 
   // The MXFP8 kinds' five mainloop stages leave the epilogue ~23 KB of shared memory: room for
-  // the auto epilogue tile's bf16 stages (18 KB) but not its fp32 ones (34 KB), so fp32 D goes
-  // out in 128 x 16 tiles.
-  using EpilogueTile =
-      std::conditional_t<kMxWeight && sizeof(ElementD) == 4, cute::Shape<cute::_128, cute::_16>,
-                         cutlass::epilogue::collective::EpilogueTileAuto>;
-  using TmaEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+  // the auto epilogue tile's bf16 stages (18 KB) but not its fp32 ones (34 KB). So fp32 D
+  // (kind 7) is stored straight from the accumulator registers, whole 32-byte sectors per warp
+  // store: 1.5-3% faster than through 128 x 16 TMA tiles; the bf16 kinds' 2-byte direct stores
+  // were 2-12% slower than their TMA tiles (benchmarks/NOTES.md v29).
+  static constexpr bool kDirectStore = kMxWeight && sizeof(ElementD) == 4;
+  using EpilogueSchedule =
+      std::conditional_t<kDirectStore, cutlass::epilogue::PtrArrayNoSmemWarpSpecialized,
+                         cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>;
+  using BuiltEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      EpilogueTile, Accumulator, Accumulator, ElementC,
-      LayoutD*, kAlignmentD, ElementD, LayoutD*, kAlignmentD,
-      cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+      cutlass::epilogue::collective::EpilogueTileAuto, Accumulator, Accumulator, ElementC,
+      LayoutD*, kAlignmentD, ElementD, LayoutD*, kAlignmentD, EpilogueSchedule,
       cutlass::epilogue::fusion::LinearCombination<ElementD, Accumulator, ElementC,
                                                    Accumulator>>::CollectiveOp;
   using Epilogue =
-      std::conditional_t<kSwiglu, SwigluCollectiveEpilogue<typename TmaEpilogue::StrideD>,
-                         TmaEpilogue>;
+      std::conditional_t<kSwiglu, SwigluCollectiveEpilogue<typename BuiltEpilogue::StrideD>,
+                         BuiltEpilogue>;
 
   using BuiltMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, LayoutA*, kAlignment,
@@ -113,15 +115,17 @@ struct GroupedGemm {
     } else {
       typename Epilogue::Arguments epilogue{{}, nullptr, tables.stride_c, tables.d,
                                             tables.stride_d};
-      auto& fusion = epilogue.thread;
-      fusion.alpha = 1.0f;
-      fusion.beta = 0.0f;
-      fusion.alpha_ptr = nullptr;
-      fusion.beta_ptr = nullptr;
-      fusion.alpha_ptr_array = nullptr;
-      fusion.beta_ptr_array = nullptr;
-      fusion.dAlpha = {cute::_0{}, cute::_0{}, 0};
-      fusion.dBeta = {cute::_0{}, cute::_0{}, 0};
+      if constexpr (!kDirectStore) {  // the direct store's thread op defaults to 1 * acc
+        auto& fusion = epilogue.thread;
+        fusion.alpha = 1.0f;
+        fusion.beta = 0.0f;
+        fusion.alpha_ptr = nullptr;
+        fusion.beta_ptr = nullptr;
+        fusion.alpha_ptr_array = nullptr;
+        fusion.beta_ptr_array = nullptr;
+        fusion.dAlpha = {cute::_0{}, cute::_0{}, 0};
+        fusion.dBeta = {cute::_0{}, cute::_0{}, 0};
+      }
       return epilogue;
     }
   }
