@@ -174,7 +174,7 @@ def test_interleaved_measurement_alternates_and_shares_the_budget(single_rank_gr
     )[0]
     assert calls == ["a", "b"] * (len(calls) // 2) and len(calls) % 2 == 0
     assert slow.warmup_iters == 1 and 1 + slow.iters == len(calls) // 2
-    assert 10.0 <= slow.min_ms and 4 <= slow.iters <= 11 and slow.power is None
+    assert slow.min_ms >= 10.0 and slow.iters <= 11 and slow.power is None  # 0.1 s / 10 ms
     calls.clear()
     fast, slow = timer.measure_interleaved([lambda: calls.append("b"), lambda: time.sleep(0.01)])
     assert fast.iters == slow.iters and fast.median_ms < 10.0 <= slow.median_ms
