@@ -16,13 +16,16 @@ Problems (R received rows in E ragged segments, H hidden, I intermediate):
 | down_mx_f16   | down_mx                                  | linear_mx_f16                       |
 | dgrad_down_mx | dgrad_down on the MXFP8 values of W_d^T  | linear_mx to fp32 on W_d^T's pair   |
 | dgrad_gate_up_mx | dgrad_gate_up on W_g^T's, W_u^T's values | linear_mx_sum on the two pairs   |
+| wgrad_gate_up_mx | [d_g, d_u]^T @ x per segment, x's MXFP8 values | weight_grads_mx on x's pair  |
 
 The `_mx` problems quantize the weights once (mok's kernel) and give torch their dequantized
 bf16 values: the same products as mok's GEMM, which reads the MXFP8 pair as the MXFP8
 forward stores it (the `dgrad_*_mx` rows: the weights' transposed pairs, as the MXFP8 backward
-takes them). The `_mx_f16` rows give mok's f16 GEMM (kind 6) the rows rebased
-(cuda_rebased.rebase_rows) and the weights prepared (rebase_weight) once, outside the timing,
-as the quantization is.
+takes them; `wgrad_gate_up_mx`: rows rounded as the forward rounds them, x's transposed pair
+read as stored on the rows laid out as mok's schedule lays them, segments padded to 256 rows
+whose padding the row sources mark). The `_mx_f16` rows give mok's f16 GEMM (kind 6) the
+rows rebased (cuda_rebased.rebase_rows) and the weights prepared (rebase_weight) once, outside
+the timing, as the quantization is.
 
 Each timed call runs the GEMM REPEATS times back to back, for both systems: the GPU queue stays
 fed as in a real step, so the rate is the kernels' and not the host's launch latency (mok's
@@ -36,7 +39,7 @@ from __future__ import annotations
 import harness
 import torch
 
-from mok.backends import cuda, cuda_gemm, cuda_rebased
+from mok.backends import cuda, cuda_gemm, cuda_rebased, cuda_weight_grads_mx
 
 REPEATS = 5
 
@@ -95,6 +98,7 @@ def rates(timer: harness.Timer, rows: torch.Tensor, offs: torch.Tensor, gate_up,
     if mok:
         problems.update(_mx_problems(rows, h_rows, gate_up, down, offs, counts))
         problems.update(_mx_dgrad_problems(d_y, d_gu, gate_up, down, offs, counts))
+        problems["wgrad_gate_up_mx"] = _mx_wgrad_problem(rows, d_gu, offs, counts)
     out: dict[str, float] = {"grouped_mm_rows": n}
 
     def repeated(fn):
@@ -163,6 +167,36 @@ def _mx_dgrad_problems(d_y, d_gu, gate_up, down, offs, counts) -> dict:
             lambda: cuda_gemm.linear_mx_sum([(d_gate, gate_t), (d_up, up_t)], counts),
         ),
     }
+
+
+def _mx_wgrad_problem(rows, d_gu, offs, counts):
+    """wgrad_gate_up_mx: (FLOPs, torch on the ragged rows' MXFP8 values, mok's kind 9 on the
+    same rows padded per segment to 256 as the schedule lays them, x read as its pair)."""
+    padded = (counts + 255) // 256 * 256
+    starts = torch.cumsum(padded, 0) - padded
+    expert = torch.repeat_interleave(torch.arange(len(counts), device=rows.device), counts)
+    within = torch.arange(rows.shape[0], device=rows.device) - (offs - counts)[expert]
+    at = starts[expert] + within  # each received row's place in mok's layout
+    total = int(padded.sum())
+    source = torch.full((total,), -1, dtype=torch.int32, device=rows.device)
+    source[at] = 0
+
+    def laid_out(t: torch.Tensor) -> torch.Tensor:
+        out = t.new_zeros((total, t.shape[1]))
+        out[at] = t
+        return out
+
+    _, pair = cuda.mxfp8_round(laid_out(rows), transposed=True)
+    values = cuda.mxfp8_dequantize(*pair).T[at].contiguous()  # the received rows' values
+    d_gate, d_up = (laid_out(t) for t in _halves(d_gu))
+    mx_pair = cuda_weight_grads_mx.MxRowsT(*pair)
+    return (
+        2 * rows.shape[0] * d_gu.shape[1] * rows.shape[1],
+        lambda: torch._grouped_mm(d_gu.T, values, offs=offs),
+        lambda: cuda_weight_grads_mx.weight_grads_mx(
+            [(d_gate, mx_pair), (d_up, mx_pair)], padded.to(torch.int32), source
+        ),
+    )
 
 
 def pass_gemms(timer: harness.Timer, rows, offs, gate_up, down, x, shared) -> dict:

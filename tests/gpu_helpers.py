@@ -66,6 +66,11 @@ def spread_mxfp8_weight(gen: torch.Generator, experts: int, n: int, k: int, spre
     return data, scales
 
 
+def segment_sizes(rows) -> torch.Tensor:
+    """The grouped GEMMs' `rows` argument (int32 [E] on the GPU) for a list of segment sizes."""
+    return torch.tensor(rows, dtype=torch.int32, device="cuda")
+
+
 def poison_next_allocation(shape, dtype: torch.dtype, count: int = 1) -> None:
     """Leaves `count` NaN-filled blocks of this size in the CUDA caching allocator's pool, so
     that the next allocations of that size on the current stream (a kernel's outputs) start as

@@ -71,13 +71,13 @@ inline int64_t grouped_gemm_scratch_bytes(int kind, int groups, int sm_count) {
   return static_cast<int64_t>(gemm::scratch_bytes(static_cast<gemm::Kind>(kind), groups, sm_count));
 }
 
-// Kinds 4, 6, 7 and 8 read each set's B as MXFP8: its scale tiles' address, and whole 128 x 128
-// tiles.
+// Kinds 4 and 6-9 read each set's B as MXFP8: its scale tiles' address, and whole 128 x 128
+// tiles (kind 9: along total_rows too).
 inline void mx_weight_operands(gemm::GroupedArgs& args, uintptr_t b_scale, uintptr_t b2_scale) {
   namespace check = gemm_checks;
   if (!gemm::reads_mx_weight(args.kind)) {
     check::require(b_scale == 0 && b2_scale == 0,
-                   "`b_scale` and `b2_scale` must be 0 except for kinds 4, 6, 7 and 8");
+                   "`b_scale` and `b2_scale` must be 0 except for kinds 4 and 6-9");
     return;
   }
   check::address("b_scale", b_scale);
@@ -89,9 +89,13 @@ inline void mx_weight_operands(gemm::GroupedArgs& args, uintptr_t b_scale, uintp
     check::require(b2_scale == 0, "`b2_scale` must be 0 without a second set");
   }
   check::require(args.n % 128 == 0 && args.k % 128 == 0,
-                 "kinds 4, 6, 7 and 8 need `n` and `k` multiples of 128 (whole MXFP8 scale "
+                 "kinds 4 and 6-9 need `n` and `k` multiples of 128 (whole MXFP8 scale "
                  "tiles), got n=" +
                      std::to_string(args.n) + ", k=" + std::to_string(args.k));
+  check::require(args.kind != gemm::Kind::kWeightGradMx ||
+                     (args.total_rows > 0 && args.total_rows % 128 == 0),
+                 "kind 9 needs `total_rows` (b's columns) a positive multiple of 128, got " +
+                     std::to_string(args.total_rows));
 }
 
 // Kind 6 reads one exponent byte per row of A (shared by both sets) and per row of each B.
@@ -177,12 +181,12 @@ inline void grouped_gemm(int kind, uintptr_t a, uintptr_t b, uintptr_t d, uintpt
                      std::to_string(k));
   args.n = n;
   args.k = k;
-  mx_weight_operands(args, b_scale, b2_scale);
-  exponent_operands(args, a_exponent, b_exponent, b2_exponent);
-  swiglu_operands(args, hidden, has_limit, limit);
   check::require(total_rows >= 0,
                  "`total_rows` must be non-negative, got " + std::to_string(total_rows));
   args.total_rows = total_rows;
+  mx_weight_operands(args, b_scale, b2_scale);
+  exponent_operands(args, a_exponent, b_exponent, b2_exponent);
+  swiglu_operands(args, hidden, has_limit, limit);
   check::require(sm_count >= 0, "`sm_count` must be >= 0 (0 = every SM), got " +
                                     std::to_string(sm_count));
   args.sm_count = sm_count;
@@ -228,7 +232,12 @@ kind 6: kind 4 with a float16 [R, k] rebased per row, `a_exponent` uint8 [R + 27
 exponents (row r's values are a[r] * 2^(a_exponent[r] - 127); 272 bytes of padding), `b_scale`
 (`b2_scale`) the weights' f16 factor tiles (2^(scale byte - weight row exponent), the scale
 tiles' layout) and `b_exponent` (`b2_exponent`) uint8 [E * n] the weight rows' exponents
-kinds 0-2 and 4-6 also zero their outputs' rows from sum(rows) to total_rows (0 = leave them).
+kind 7: kind 4 with d fp32 (the unrounded sums)
+kind 8: kind 2 with b and b2 MXFP8 weights as in kind 4, each [E, n, k] (k a multiple of 128)
+kind 9: kind 3 with b MXFP8 as stored: float8_e4m3fn [n, total_rows] (b's rows transposed,
+blocks of 32 rows) and `b_scale` its scale tiles; n, k and total_rows multiples of 128, every
+segment starting at a multiple of 128 rows (else that expert's d is NaN)
+kinds 0-2 and 4-8 also zero their outputs' rows from sum(rows) to total_rows (0 = leave them).
 A second operand set (a2, b2, d2; all 0 if unused) runs in the same launch. n and k must be
 multiples of 8 and every address 16-byte aligned.)doc");
 }

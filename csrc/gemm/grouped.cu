@@ -36,6 +36,7 @@ constexpr KindEntry kEntries[kKinds] = {
     entry<Kind::kLinearMxWeightF16>(),
     entry<Kind::kLinearMxWeightFloat>(),
     entry<Kind::kLinearMxWeightPair>(),
+    entry<Kind::kWeightGradMx>(),
 };
 
 }  // namespace dispatch

@@ -49,14 +49,26 @@ enum class Kind : int {
   // holds A, W, D and its scales; sets[1] A2, W2): the MXFP8 backward's d_x from gate's and
   // up's transposed pairs. N and K must be multiples of 128.
   kLinearMxWeightPair = 8,
+  // kWeightGrad with B an activation's transposed MXFP8 pair as mxfp8_round stores it: E4M3
+  // [N, total_rows] (`b`; blocks of 32 rows along total_rows = `total_rows`) and its scale
+  // tiles (`b_scale`), read without a bf16 copy: the MXFP8 backward's weight gradients from the
+  // saved x and hidden. N, M and total_rows must be multiples of 128.
+  kWeightGradMx = 9,
 };
 
-constexpr int kKinds = 9;
+constexpr int kKinds = 10;
 
-// The kinds whose B operands are MXFP8 weights as stored (E4M3 and scale tiles).
+// The kinds whose B operands are MXFP8 as stored (E4M3 and scale tiles): weights, or kind 9's
+// transposed activation.
 __host__ __device__ constexpr bool reads_mx_weight(Kind kind) {
   return kind == Kind::kLinearMxWeight || kind == Kind::kLinearMxWeightF16 ||
-         kind == Kind::kLinearMxWeightFloat || kind == Kind::kLinearMxWeightPair;
+         kind == Kind::kLinearMxWeightFloat || kind == Kind::kLinearMxWeightPair ||
+         kind == Kind::kWeightGradMx;
+}
+
+// The kinds whose reduction runs over a segment's rows (one D per expert).
+__host__ __device__ constexpr bool is_weight_grad(Kind kind) {
+  return kind == Kind::kWeightGrad || kind == Kind::kWeightGradMx;
 }
 
 // The kinds that sum two operand pairs along K into one D (the second set has no D).
@@ -86,7 +98,8 @@ struct GroupedArgs {
   int64_t n = 0;  // output columns
   int64_t k = 0;  // reduction length (kLinear*) / output rows M (kWeightGrad)
   // kLinear*: rows of D; rows past the last segment (sum(rows)) are set to zero, so a routed
-  // buffer holds no stale values past the schedule.
+  // buffer holds no stale values past the schedule. kWeightGradMx: B's columns (rows of the
+  // routed buffer it was rounded from).
   int64_t total_rows = 0;
   void* hidden = nullptr;  // kLinearSwiGLU's third output
   bool has_limit = false;  // kLinearSwiGLU: silu(min(gate, L)) * clamp(up, -L, L)

@@ -80,7 +80,7 @@ struct GroupedGemm {
   using Mainloop = std::conditional_t<
       kMxWeight,
       MxWeightMainloop<std::conditional_t<kPaired, PairedMainloop, BuiltMainloop>, kMxWeightF16,
-                       kPaired>,
+                       kPaired, kKind == Kind::kWeightGradMx>,
       std::conditional_t<kPaired, PairedMainloop,
                          std::conditional_t<kSwiglu, GateUpMainloop<BuiltMainloop>,
                                             BuiltMainloop>>>;
@@ -148,7 +148,8 @@ struct GroupedGemm {
               {args.sets[0].b, args.sets[1].b},
               {args.sets[0].b_scale, args.sets[1].b_scale},
               static_cast<int>(args.n),
-              static_cast<int>(args.k),
+              // kWeightGradMx: the MXFP8 operand's K is the routed buffer's rows.
+              static_cast<int>(kKind == Kind::kWeightGradMx ? args.total_rows : args.k),
               args.experts,
               {args.sets[0].b_exponent, args.sets[1].b_exponent},
               {args.sets[0].a_exponent, args.sets[1].a_exponent},

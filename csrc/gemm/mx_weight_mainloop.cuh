@@ -53,7 +53,11 @@ constexpr int kMxWeightStages = 5;
 // Base's first X descriptor, the second half from set 1's and the second descriptor. Each
 // pair's k tiles are a whole number of scale tiles (K % 128 == 0), so the consumers' scale
 // lookup, which takes the k tile's parity, holds across the seam.
-template <class Base, bool kF16 = false, bool kPairedK = false>
+// kRowsK (kWeightGradMx): the MXFP8 operand is an activation's transposed pair, one E4M3
+// tensor [n, total_rows] whose K is the routed rows: a group's k tiles start at its segment's
+// first row (a multiple of 256, so whole scale tiles with the k tiles' parity), and the other
+// operand (the gradient rows, N contiguous) is wgmma's MN-major B.
+template <class Base, bool kF16 = false, bool kPairedK = false, bool kRowsK = false>
 struct MxWeightMainloop : CarriesGroup<Base> {
   using typename Base::MainloopPipeline;
   using typename Base::PipelineState;
@@ -76,8 +80,11 @@ struct MxWeightMainloop : CarriesGroup<Base> {
   static_assert(kStages >= kQueuedBatches + 3, "two loads in flight beside the consumers'");
 
   // wgmma with A from registers: one 64-row slice of the tile per consumer warpgroup.
+  static constexpr cute::GMMA::Major kMajorB =
+      kRowsK ? cute::GMMA::Major::MN : cute::GMMA::Major::K;
   using TiledMma = decltype(cute::make_tiled_mma(
-      cute::GMMA::rs_op_selector<Element, Element, float, TileShape>(),
+      cute::GMMA::rs_op_selector<Element, Element, float, TileShape, cute::GMMA::Major::K,
+                                 kMajorB>(),
       cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>{}));
   static_assert(std::is_same_v<typename TiledMma::Atom::Traits::ALayout,
                                cute::SM90::GMMA::ALayout_64x16>,
@@ -103,14 +110,14 @@ struct MxWeightMainloop : CarriesGroup<Base> {
 
   // {base (ptr_A: any addresses, ptr_B: X per group), weights, scales, n, k, experts}.
   struct Arguments : Base::Arguments {
-    const void* weights[kMxWeightSets];  // E4M3 [experts, n, k]
+    const void* weights[kMxWeightSets];  // E4M3 [experts, n, k] (kRowsK: [n, k = total rows])
     const void* scales[kMxWeightSets];   // mxfp8_quantize's scale tiles (kF16: factor tiles)
     int n;
     int k;
     int experts;
     const void* b_exponents[kMxWeightSets];  // kF16: uint8 per weight row [experts * n]
     const void* a_exponents[kMxWeightSets];  // kF16: uint8 per row of A, + kWindowBytes
-    const int64_t* row0;                     // kF16: each group's first row of A (GroupTables)
+    const int64_t* row0;                     // kF16, kRowsK: each group's first row (GroupTables)
     const int32_t* a_shift;                  // kF16: 4 words per group, row0 % 16 first
   };
 
@@ -142,7 +149,7 @@ struct MxWeightMainloop : CarriesGroup<Base> {
       const int from = args.weights[set] != nullptr ? set : 0;  // an unused set repeats the first
       params.tma_w[set] = expert_weight_tma<uint8_t, cute::SM90_TMA_LOAD, SmemLayoutWStage,
                                             WeightTile>(args.weights[from], args.n, args.k,
-                                                        args.experts);
+                                                        kRowsK ? 1 : args.experts);
       params.scales[set] = static_cast<const uint8_t*>(args.scales[from]);
       if constexpr (kF16) {
         params.b_exponents[set] = static_cast<const uint8_t*>(args.b_exponents[from]);
@@ -175,8 +182,8 @@ struct MxWeightMainloop : CarriesGroup<Base> {
     auto const& tma_w = params.tma_w[0];
     Tensor mW = tma_w.get_tma_tensor(make_shape(params.row_tiles * kTileM,
                                                 params.scale_tiles * kScaleTileK,
-                                                params.experts));
-    Tensor gW = local_tile(mW(_, _, expert), make_shape(Int<kTileM>{}, Int<kTileK>{}),
+                                                kRowsK ? 1 : params.experts));
+    Tensor gW = local_tile(mW(_, _, kRowsK ? 0 : expert), make_shape(Int<kTileM>{}, Int<kTileK>{}),
                            make_coord(m_coord, _));  // (BLK_M, BLK_K, k)
     Tensor sW = make_tensor(make_smem_ptr(shared_tensors.smem_W.data()), SmemLayoutW{});
     auto tma_w_slice = tma_w.get_slice(0);
@@ -194,7 +201,10 @@ struct MxWeightMainloop : CarriesGroup<Base> {
     const auto mask_b = multicast_mask<ClusterShape, typename Base::GmemTiledCopyB, 0>(position);
     // A tile past the weight's rows (a cluster's spare CTA) loads zeros through TMA; its scale
     // copy then reads the last valid tile rather than another expert's or past the tensor.
-    const int row_tile = expert * params.row_tiles + min(int(m_coord), params.row_tiles - 1);
+    const int row_tile =
+        (kRowsK ? 0 : expert) * params.row_tiles + min(int(m_coord), params.row_tiles - 1);
+    // kRowsK: the group's k tiles from its first row on (row0 % 256 == 0).
+    const int first_k_tile = kRowsK ? int(params.row0[group] / kTileK) : 0;
     const int64_t scale_row = int64_t(row_tile) * params.scale_tiles * kScaleBytes;
     const int pair_tiles = params.scale_tiles * (kScaleTileK / kTileK);  // k tiles per weight
     // kF16: the window of A-row exponents from the aligned-down first row of this tile.
@@ -204,11 +214,12 @@ struct MxWeightMainloop : CarriesGroup<Base> {
                     [&](auto& barrier, int stage, int k_tile) {
                       const bool second = kPairedK && k_tile >= pair_tiles;
                       const int set = kPairedK ? int(second) : index.set;
-                      const int pair_tile = second ? k_tile - pair_tiles : k_tile;
+                      const int pair_tile =
+                          (second ? k_tile - pair_tiles : k_tile) + first_k_tile;
                       copy(params.tma_w[set].with(barrier), tWgW(_, _, _, pair_tile),
                            tWsW(_, _, _, stage));
                       copy(params.tma_load_b.with(x_map(maps, second), barrier, mask_b),
-                           tBgB(_, _, _, pair_tile), tBsB(_, _, _, stage));
+                           tBgB(_, _, _, pair_tile - first_k_tile), tBsB(_, _, _, stage));
                       SM90_BULK_COPY_G2S::copy(
                           params.scales[set] + scale_row + int64_t(pair_tile / 2) * kScaleBytes,
                           &barrier, shared_tensors.smem_scale.data() + stage * kScaleBytes,

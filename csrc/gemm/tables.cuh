@@ -17,6 +17,7 @@ constexpr int kWarp = 32;  // one warp per group in fill_tables
 // The schedule pads a segment to a multiple of 256 rows, so at most 255 trailing rows are padding:
 // fill_tables looks this far back for a segment's last routed row.
 constexpr int kMaxPaddingRows = 256;
+constexpr int kScaleRows = 128;  // rows one MXFP8 scale tile covers along K (kWeightGradMx)
 
 inline __host__ __device__ size_t round_up(size_t bytes) {
   return (bytes + kTableAlignment - 1) / kTableAlignment * kTableAlignment;
@@ -155,7 +156,23 @@ __global__ void fill_tables_kernel(GroupedArgs args, Tables tables) {
   auto* d = static_cast<ElementD*>(s.d);
   const int64_t n = args.n;
   const int64_t k = args.k;
-  if constexpr (kKind == Kind::kWeightGrad) {
+  if constexpr (kKind == Kind::kWeightGradMx) {
+    // B's k tiles and scale tiles start at the segment's first row, so it must be a multiple
+    // of 128 (the schedule's segments are of 256 rows): a group where it is not gets no tiles
+    // and NaN in its D (zero_empty_experts), not another segment's rows.
+    if (row0 % kScaleRows != 0) tables.used[g] = used > 0 ? -1 : 0;
+    // Computed transposed (mx_weight_mainloop.cuh's kRowsK): M = n (rows of B's E4M3 [n,
+    // total_rows]), N = k (the gradient's columns), K = the segment's routed rows; D[e] [k, n]
+    // is column-major M x N. A is B's bytes from the segment's first row, for the mainloop's
+    // bf16 placeholder descriptor only; the gradient rows (N contiguous) are wgmma's B.
+    const bool computed = tables.used[g] > 0;
+    tables.shapes[g] = {computed ? static_cast<int>(n) : 0, static_cast<int>(k), used};
+    tables.a[g] = expert_weight<Element>(s.b, row0);
+    tables.b[g] = a + row0 * k;
+    tables.d[g] = d + e * k * n;
+    tables.stride_a[g] = leading_stride<StrideA>(args.total_rows);
+    tables.stride_b[g] = leading_stride<StrideB>(k);
+  } else if constexpr (kKind == Kind::kWeightGrad) {
     // M = k (output rows), N = n, K = the segment's routed rows: A = a^T (M contiguous), B = b
     // (N contiguous). A segment without routed rows gets no tiles (M = 0); zero_empty_experts
     // writes its zeros.
@@ -204,17 +221,19 @@ __global__ void fill_tables_kernel(GroupedArgs args, Tables tables) {
   tables.stride_d[g] = leading_stride<StrideD>(n);
 }
 
-// Weight gradients of experts without routed rows are exactly zero (the GEMM gives them no tiles).
+// Weight gradients of experts without routed rows are exactly zero (the GEMM gives them no
+// tiles); those of groups fill_tables refused (used -1) are NaN.
 template <class ElementD>
 __global__ void zero_empty_experts_kernel(GroupedArgs args, const int32_t* used) {
   const int g = static_cast<int>(blockIdx.y);
-  if (used[g] != 0) return;
+  if (used[g] > 0) return;
+  const float value = used[g] == 0 ? 0.0f : __int_as_float(0x7fc00000);
   const auto [set, e] = group_index(g, static_cast<int>(gridDim.y), args.experts);
   auto* d = static_cast<ElementD*>(args.sets[set].d) + e * args.k * args.n;
   const int64_t count = args.k * args.n;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += stride) {
-    d[i] = ElementD(0.0f);
+    d[i] = ElementD(value);
   }
 }
 
@@ -251,7 +270,7 @@ template <Kind kKind, class Tables>
 cudaError_t fill_tables(const GroupedArgs& args, const Tables& tables, int groups,
                         cudaStream_t stream) {
   fill_tables_kernel<kKind><<<groups, kWarp, 0, stream>>>(args, tables);
-  if constexpr (kKind == Kind::kWeightGrad) {
+  if constexpr (is_weight_grad(kKind)) {
     zero_empty_experts_kernel<typename Tables::ElementOut>
         <<<dim3(64, groups), 256, 0, stream>>>(args, tables.used);
   } else if (args.row_source != nullptr || args.total_rows > 0) {

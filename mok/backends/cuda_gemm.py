@@ -53,6 +53,7 @@ class Kind(enum.IntEnum):
     LINEAR_MX_F16 = 6  # LINEAR_MX on f16 rows rebased per row (RebasedRows) -> bf16
     LINEAR_MX_FLOAT = 7  # LINEAR_MX -> fp32
     LINEAR_MX_PAIR = 8  # a[seg] @ w[e]^T + a2[seg] @ w2[e]^T, w and w2 MXFP8 pairs -> bf16
+    WEIGHT_GRAD_MX = 9  # WEIGHT_GRAD with b an MXFP8 transposed pair (cuda_weight_grads_mx)
 
 
 # The kinds whose launch has one group per expert (both operand sets in each tile).

@@ -26,6 +26,7 @@ from mok.backends import (
     cuda_experts,
     cuda_gemm,
     cuda_rebased,
+    cuda_weight_grads_mx,
 )
 from mok.backends.cuda_dense import CudaElementwise, DenseGemms, transposed_view
 from mok.backends.reference_experts import ExpertEngine
@@ -159,8 +160,17 @@ class HopperGemms(CudaMxfp8, CudaElementwise, ExpertEngine):
     def weight_grad(self, d_out: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
         return self.weight_grads([(d_out, a)])[0]
 
+    @staticmethod
+    def mx_rows_t(pair) -> cuda_weight_grads_mx.MxRowsT:
+        """The saved x's transposed pair itself: d_W_gate's and d_W_up's GEMM reads it as
+        stored instead of a bf16 copy (NOTES v29)."""
+        return cuda_weight_grads_mx.MxRowsT(*pair)
+
     def weight_grads(self, pairs) -> list[torch.Tensor]:
-        return cuda_gemm.weight_grads(list(pairs), self.rows, self.row_source)
+        pairs = list(pairs)
+        if isinstance(pairs[0][1], cuda_weight_grads_mx.MxRowsT):
+            return cuda_weight_grads_mx.weight_grads_mx(pairs, self.rows, self.row_source)
+        return cuda_gemm.weight_grads(pairs, self.rows, self.row_source)
 
     def swiglu_mxfp8(self, gate: torch.Tensor, up: torch.Tensor, limit: float | None):
         return cuda_experts.swiglu_mxfp8(gate, up, self.num_tokens, limit, zero_rest=False)

@@ -65,7 +65,8 @@ class ExpertEngine:
     `gate_up_swiglu` (the forward's gate and up GEMMs and SwiGLU), the elementwise steps
     `swiglu`, `swiglu_backward`, `scale_rows` and `dequantize`, and the MXFP8
     steps `mx_round`, `mx_round_rows`, `mx_round_both` and `swiglu_mxfp8`, whose forms here make
-    several passes that a kernel can make in one.
+    several passes that a kernel can make in one; engines whose GEMMs read MXFP8 operands as
+    stored keep the pairs in `mx_weight`, `mx_weight_t`, `mx_swiglu_input` and `mx_rows_t`.
     """
 
     num_experts: int
@@ -113,6 +114,11 @@ class ExpertEngine:
         """W^T for a weight's transposed MXFP8 pair (data_t [E, N, K], blocks along K) as the
         backward's `linear` (d_h, fp32) and `linear_sum` (d_x) take it: its values [E, N, K]."""
         return _dequant(pair, self)
+
+    def mx_rows_t(self, pair):
+        """The forward's saved x as its row-blocked transposed MXFP8 pair (data_t [K, R]) as
+        this engine's `weight_grads` take it: its values [R, K]."""
+        return _dequant(pair, self, transposed=True)
 
     def mx_round(self, t: torch.Tensor) -> torch.Tensor:
         """The values an MXFP8 GEMM sees for `t` quantized along its last dim."""
@@ -257,15 +263,16 @@ def backward_bf16(d_out_rows, rw_rows, x_rows, gate, up, hidden, weights, gemm, 
 def mxfp8_backward_inputs(ctx, weights, gemm):
     """The values the MXFP8 backward reads besides d_out: ctx = (x_t, gate_q, up_q, hidden_t)
     as saved by forward_mxfp8 and weights = ((W_g fp8, sc, fp8_t, sc_t), (W_u ...), (W_d fp8_t,
-    sc_t)): x and hidden dequantized, gate and up as `gemm.mx_swiglu_input` and the weights'
-    transposed pairs as `gemm.mx_weight_t` give them. They need nothing from the exchange, so a
-    pass can compute them while its pulls run. Returns (W_d^T, (W_g^T, W_u^T), x, gate, up,
-    hidden)."""
+    sc_t)): x as `gemm.mx_rows_t` gives it (only the weight gradients read it), hidden
+    dequantized (the SwiGLU backward reads its values too), gate and up as
+    `gemm.mx_swiglu_input` and the weights' transposed pairs as `gemm.mx_weight_t` give them.
+    They need nothing from the exchange, so a pass can compute them while its pulls run.
+    Returns (W_d^T, (W_g^T, W_u^T), x, gate, up, hidden)."""
     x_t, gate_q, up_q, hidden_t = ctx
     (_, _, g_t, g_t_sc), (_, _, u_t, u_t_sc), down_t = weights
     down, gate_t, up_t = (gemm.mx_weight_t(pair) for pair in (down_t, (g_t, g_t_sc), (u_t, u_t_sc)))
     activations = (
-        _dequant(x_t, gemm, transposed=True),
+        gemm.mx_rows_t(x_t),
         gemm.mx_swiglu_input(gate_q),
         gemm.mx_swiglu_input(up_q),
         _dequant(hidden_t, gemm, transposed=True),

@@ -110,3 +110,26 @@ def _t(*shape, dtype=torch.bfloat16):
 def test_mismatched_operands_are_refused_before_any_launch(call, error, message):
     with pytest.raises(error, match=message):
         call()
+
+
+def test_mxfp8_weight_gradients_launch_one_kind_9_of_both_pairs(monkeypatch):
+    """weight_grads_mx hands the grouped GEMM each (d_out, x's E4M3 bytes, output) set, x's
+    scale tiles, n = K, k = N and total_rows = R (captured instead of launched), and refuses
+    operands whose shapes or tiles disagree."""
+    from mok.backends.cuda_weight_grads_mx import MxRowsT, weight_grads_mx
+
+    launches = []
+    monkeypatch.setattr(cuda_gemm, "_launch", lambda *args, **kw: launches.append((args, kw)))
+    d_gate, d_up = _t(256, 128), _t(256, 128)
+    pair = MxRowsT(_t(384, 256, dtype=FP8), _t(3, 2, 32, 16, dtype=torch.uint8))
+    outs = weight_grads_mx([(d_gate, pair), (d_up, pair)], ROWS)
+    assert [tuple(o.shape) for o in outs] == [(2, 128, 384)] * 2
+    ((kind, sets, rows, n, k, total, source, scales), _) = launches[0]
+    assert (kind, n, k, total, source) == (cuda_gemm.Kind.WEIGHT_GRAD_MX, 384, 128, 256, None)
+    assert all(s[0] is d and s[1] is pair.data and s[2] is o
+               for s, d, o in zip(sets, (d_gate, d_up), outs, strict=True))  # fmt: skip
+    assert rows is ROWS and all(sc is pair.scales for sc in scales)
+    with pytest.raises(ValueError, match=r"`pairs\[0\]\[1\]\[1\] \(scales\)` must be uint8 "):
+        weight_grads_mx([(d_gate, MxRowsT(pair.data, pair.scales[:, :1]))], ROWS)
+    with pytest.raises(ValueError, match="N, K and R multiples of 128, got N=64, K=384, R=256"):
+        weight_grads_mx([(_t(256, 64), pair)], ROWS)

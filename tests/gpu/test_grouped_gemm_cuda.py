@@ -209,4 +209,4 @@ def test_bad_arguments_raise_before_any_launch():
     with pytest.raises(ValueError, match="`k` must be a multiple of 64 for kinds 2 and 8"):
         cuda_gemm._launch(pair, [(a_96, w, out), (a_96, w, None)], counts, 128, 96)
     with pytest.raises(ValueError, match="`kind` must be in"):
-        cuda_gemm._launch(9, [(a, w, out)], counts, 128, 128)
+        cuda_gemm._launch(10, [(a, w, out)], counts, 128, 128)

@@ -18,6 +18,7 @@ from gpu_helpers import (
     module_seed,
     poison_next_allocation,
     requires_gpu_module,
+    segment_sizes,
     spread_mxfp8_weight,
 )
 
@@ -58,10 +59,6 @@ def _segments_product(terms, rows, total, n):
     return out
 
 
-def _counts(rows):
-    return torch.tensor(rows, dtype=torch.int32, device="cuda")
-
-
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_fp32_output_matches_fp32_products_and_the_transposed_bf16_kind(case, seed):
     rows, k, n = case
@@ -70,13 +67,14 @@ def test_fp32_output_matches_fp32_products_and_the_transposed_bf16_kind(case, se
     a = torch.randn((total, k), generator=gen, device="cuda").bfloat16()
     weight, values = _weight(gen, len(rows), n, k, spread=4)
     poison_next_allocation((total, n), torch.float32)
-    got = cuda_gemm.linear_mx(a, [weight], _counts(rows), out_dtype=torch.float32)[0]
+    counts = segment_sizes(rows)
+    got = cuda_gemm.linear_mx(a, [weight], counts, out_dtype=torch.float32)[0]
     assert got.dtype == torch.float32
     ref = _segments_product([(a, values)], rows, total, n)
     scale = ref.abs().max().clamp_min(1e-6).item()
     # The same exact products summed in fp32 in another order.
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4 * scale)
-    before = cuda_gemm.linear_transposed(a, values.transpose(1, 2).contiguous(), _counts(rows))
+    before = cuda_gemm.linear_transposed(a, values.transpose(1, 2).contiguous(), counts)
     torch.testing.assert_close(got, before, rtol=1e-4, atol=1e-4 * scale)
     assert (got[sum(rows) :] == 0).all(), "rows past the segments must be zeroed"
 
@@ -89,13 +87,13 @@ def test_pair_sum_matches_fp32_products_and_the_bf16_pair_kind(case, seed):
     a1, a2 = (torch.randn((total, k), generator=gen, device="cuda").bfloat16() for _ in range(2))
     (w1, v1), (w2, v2) = (_weight(gen, len(rows), n, k, spread=4) for _ in range(2))
     poison_next_allocation((total, n), torch.bfloat16)
-    got = cuda_gemm.linear_mx_sum([(a1, w1), (a2, w2)], _counts(rows))
+    got = cuda_gemm.linear_mx_sum([(a1, w1), (a2, w2)], segment_sizes(rows))
     assert got.dtype == torch.bfloat16
     ref = _segments_product([(a1, v1), (a2, v2)], rows, total, n)
     scale = ref.abs().max().clamp_min(1e-6).item()
     torch.testing.assert_close(got.float(), ref, rtol=2**-7, atol=2e-3 * scale)
     weights_t = [v.transpose(1, 2).contiguous() for v in (v1, v2)]
-    before = cuda_gemm.linear_sum([(a1, weights_t[0]), (a2, weights_t[1])], _counts(rows))
+    before = cuda_gemm.linear_sum([(a1, weights_t[0]), (a2, weights_t[1])], segment_sizes(rows))
     torch.testing.assert_close(got.float(), before.float(), rtol=2**-7, atol=2e-3 * scale)
     assert (got[sum(rows) :] == 0).all(), "rows past the segments must be zeroed"
 
@@ -110,7 +108,7 @@ def test_one_hot_rows_give_the_dequantized_weights_bit_for_bit(spread, seed):
     gen = case_generator((n, k, spread), seed)
     (w1, v1), (w2, v2) = (_weight(gen, experts, n, k, spread) for _ in range(2))
     eye = torch.eye(k, device="cuda").bfloat16().repeat(experts, 1)  # row r of a segment: column r
-    counts = _counts([k] * experts)
+    counts = segment_sizes([k] * experts)
     got = cuda_gemm.linear_mx(eye, [w1], counts, out_dtype=torch.float32)[0]
     pair = cuda_gemm.linear_mx_sum([(eye, w1), (2 * eye, w2)], counts)
     for e in range(experts):
@@ -134,7 +132,7 @@ def test_padding_rows_and_repeats(seed):
     clean = [torch.where(padding, 0.0, a).bfloat16() for a in (a1, a2)]
     poisoned = [torch.where(padding, float("nan"), a).bfloat16() for a in (a1, a2)]
     (w1, _), (w2, _) = (_weight(gen, len(rows), n, k, spread=4) for _ in range(2))
-    counts = _counts(rows)
+    counts = segment_sizes(rows)
     want_h = cuda_gemm.linear_mx(clean[0], [w1], counts, out_dtype=torch.float32)[0]
     want_x = cuda_gemm.linear_mx_sum([(clean[0], w1), (clean[1], w2)], counts)
     for _ in range(5):
@@ -148,7 +146,7 @@ def test_padding_rows_and_repeats(seed):
 
 
 def test_bad_arguments_raise_before_any_launch():
-    counts = _counts([256])
+    counts = segment_sizes([256])
     a = torch.zeros(256, 128, dtype=torch.bfloat16, device="cuda")
     data = torch.zeros(1, 128, 128, device="cuda").to(torch.float8_e4m3fn)
     scales = torch.zeros(1, 1, 32, 16, dtype=torch.uint8, device="cuda")

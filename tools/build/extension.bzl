@@ -48,6 +48,7 @@ EXTENSION_SOURCES = [
     "csrc/gemm/linear_swiglu.cu",
     "csrc/gemm/linear_transposed.cu",
     "csrc/gemm/weight_grad.cu",
+    "csrc/gemm/weight_grad_mx.cu",
     "csrc/mxfp8.cu",
     "csrc/mxfp8_dequantize.cu",
     "csrc/mxfp8_rebase.cu",
