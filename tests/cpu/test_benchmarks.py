@@ -6,8 +6,6 @@ numbers are compared with is a correct MoE, not a strawman), and the chart.
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import json
 import os
 import subprocess
@@ -16,10 +14,11 @@ import time
 from pathlib import Path
 
 import pytest
+from bench_modules import BENCHMARKS
+from bench_modules import load as _load
 
 import mok
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 if not (BENCHMARKS / "run.py").exists():
     pytest.skip(f"benchmarks/ is not next to the tests ({BENCHMARKS})", allow_module_level=True)
 
@@ -29,19 +28,6 @@ SMOKE_SHAPES = ("tiny", "tiny-noshared")
 CHECKED = ("out", "d_x", "d_rw", "d_gate", "d_up", "d_down")
 # Σ|diff| / Σ|ref| bounds against float64 (the original's tolerances): BF16 0.01, MXFP8 0.1.
 BOUND = {"nccl_torch": 0.01, "mok_bf16": 0.01, "mok_bf16_fg": 0.01, "mok_mxfp8": 0.1}
-
-
-@functools.cache
-def _load(name: str):
-    """A benchmarks/ module under a private name (benchmarks/ is not a package; the modules
-    import each other by their plain names, as they do when run as scripts)."""
-    if str(BENCHMARKS) not in sys.path:
-        sys.path.append(str(BENCHMARKS))
-    spec = importlib.util.spec_from_file_location(f"mok_bench_{name}", BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
 
 
 def _child_env() -> dict[str, str]:
@@ -150,45 +136,6 @@ def test_flop_count_is_the_originals():
     routed_only = harness.SHAPES["qwen3-235b"]
     t, k, h, i = routed_only.tokens, routed_only.topk, routed_only.hidden, routed_only.inter
     assert harness.flops(routed_only) == (6 * t * k * h * i, 12 * t * k * h * i)
-
-
-def test_local_ms_times_one_call_without_a_process_group():
-    harness = _load("harness")
-    calls = []
-    ms = harness.local_ms(lambda: (calls.append(1), time.sleep(0.02)), cuda=False)
-    assert calls == [1]
-    assert 20.0 <= ms < 2000.0
-
-
-def test_interleaved_measurement_alternates_and_shares_the_budget(single_rank_group):
-    """Timer.measure_interleaved: warm-up and timed calls take the fns in turn (a, b, a, b, ...),
-    each fn gets its own Timing of its own calls, and budget_s bounds their total."""
-    import torch
-
-    harness = _load("harness")
-    d = harness.Dist(0, 1, torch.device("cpu"), single_rank_group)
-    timer = harness.Timer(d, warmup_s=0.0, budget_s=0.1, max_iters=50)
-    calls = []
-    slow = timer.measure_interleaved(
-        [lambda: (calls.append("a"), time.sleep(0.01)), lambda: calls.append("b")]
-    )[0]
-    assert calls == ["a", "b"] * (len(calls) // 2) and len(calls) % 2 == 0
-    assert slow.warmup_iters == 1 and 1 + slow.iters == len(calls) // 2
-    assert slow.min_ms >= 10.0 and slow.iters <= 11 and slow.power is None  # 0.1 s / 10 ms
-    calls.clear()
-    fast, slow = timer.measure_interleaved([lambda: calls.append("b"), lambda: time.sleep(0.01)])
-    assert fast.iters == slow.iters and fast.median_ms < 10.0 <= slow.median_ms
-    assert timer.measure(lambda: None).power is not None  # one fn keeps its power record
-
-
-def test_timeline_counts_overlapping_kernels_once_and_the_host_waits_apart():
-    """harness.timeline_ms on kernel spans (µs): the marker [0, 10], the call's first kernel
-    20 µs after it, a second stream's kernel inside the first one, then a 10 µs gap."""
-    harness = _load("harness")
-    spans = [(100.0, 150.0), (0.0, 10.0), (30.0, 80.0), (40.0, 60.0), (70.0, 90.0)]
-    first, idle, busy = harness.timeline_ms(spans)
-    assert (first, idle, busy) == pytest.approx((0.020, 0.010, 0.110))
-    assert harness.timeline_ms([(0.0, 10.0)]) == (0.0, 0.0, 0.0)  # the call launched nothing
 
 
 def test_power_summary_of_nvidia_smi_samples():
