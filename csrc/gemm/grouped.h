@@ -51,8 +51,8 @@ enum class Kind : int {
   kLinearMxWeightPair = 8,
   // kWeightGrad with B an activation's transposed MXFP8 pair as mxfp8_round stores it: E4M3
   // [N, total_rows] (`b`; blocks of 32 rows along total_rows = `total_rows`) and its scale
-  // tiles (`b_scale`), read without a bf16 copy: the MXFP8 backward's weight gradients from the
-  // saved x and hidden. N, M and total_rows must be multiples of 128.
+  // tiles (`b_scale`), read without a bf16 copy: the MXFP8 backward's gate and up weight gradients
+  // from the saved x. N, M and total_rows must be multiples of 128.
   kWeightGradMx = 9,
 };
 

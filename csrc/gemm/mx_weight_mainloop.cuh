@@ -55,7 +55,7 @@ constexpr int kMxWeightStages = 5;
 // lookup, which takes the k tile's parity, holds across the seam.
 // kRowsK (kWeightGradMx): the MXFP8 operand is an activation's transposed pair, one E4M3
 // tensor [n, total_rows] whose K is the routed rows: a group's k tiles start at its segment's
-// first row (a multiple of 256, so whole scale tiles with the k tiles' parity), and the other
+// first row (a multiple of 128, fill_tables' check: whole scale tiles with the k tiles' parity), and the other
 // operand (the gradient rows, N contiguous) is wgmma's MN-major B.
 template <class Base, bool kF16 = false, bool kPairedK = false, bool kRowsK = false>
 struct MxWeightMainloop : CarriesGroup<Base> {
@@ -180,10 +180,12 @@ struct MxWeightMainloop : CarriesGroup<Base> {
     auto [m_coord, n_coord, k_coord, l_coord] = blk_coord;
     // Both weights of a launch have one shape, so set 0's descriptor gives every coordinate.
     auto const& tma_w = params.tma_w[0];
+    // kRowsK: one tensor, no expert mode.
+    const int weight_expert = kRowsK ? 0 : expert;
     Tensor mW = tma_w.get_tma_tensor(make_shape(params.row_tiles * kTileM,
                                                 params.scale_tiles * kScaleTileK,
                                                 kRowsK ? 1 : params.experts));
-    Tensor gW = local_tile(mW(_, _, kRowsK ? 0 : expert), make_shape(Int<kTileM>{}, Int<kTileK>{}),
+    Tensor gW = local_tile(mW(_, _, weight_expert), make_shape(Int<kTileM>{}, Int<kTileK>{}),
                            make_coord(m_coord, _));  // (BLK_M, BLK_K, k)
     Tensor sW = make_tensor(make_smem_ptr(shared_tensors.smem_W.data()), SmemLayoutW{});
     auto tma_w_slice = tma_w.get_slice(0);
@@ -201,9 +203,8 @@ struct MxWeightMainloop : CarriesGroup<Base> {
     const auto mask_b = multicast_mask<ClusterShape, typename Base::GmemTiledCopyB, 0>(position);
     // A tile past the weight's rows (a cluster's spare CTA) loads zeros through TMA; its scale
     // copy then reads the last valid tile rather than another expert's or past the tensor.
-    const int row_tile =
-        (kRowsK ? 0 : expert) * params.row_tiles + min(int(m_coord), params.row_tiles - 1);
-    // kRowsK: the group's k tiles from its first row on (row0 % 256 == 0).
+    const int row_tile = weight_expert * params.row_tiles + min(int(m_coord), params.row_tiles - 1);
+    // kRowsK: the group's k tiles from its first row on (row0 % 128 == 0).
     const int first_k_tile = kRowsK ? int(params.row0[group] / kTileK) : 0;
     const int64_t scale_row = int64_t(row_tile) * params.scale_tiles * kScaleBytes;
     const int pair_tiles = params.scale_tiles * (kScaleTileK / kTileK);  // k tiles per weight

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "cute/tensor.hpp"
+#include "common/mxfp8_format.hpp"
 #include "gemm/grouped.h"
 
 namespace mok::gemm::detail {
@@ -17,7 +18,6 @@ constexpr int kWarp = 32;  // one warp per group in fill_tables
 // The schedule pads a segment to a multiple of 256 rows, so at most 255 trailing rows are padding:
 // fill_tables looks this far back for a segment's last routed row.
 constexpr int kMaxPaddingRows = 256;
-constexpr int kScaleRows = 128;  // rows one MXFP8 scale tile covers along K (kWeightGradMx)
 
 inline __host__ __device__ size_t round_up(size_t bytes) {
   return (bytes + kTableAlignment - 1) / kTableAlignment * kTableAlignment;
@@ -160,7 +160,7 @@ __global__ void fill_tables_kernel(GroupedArgs args, Tables tables) {
     // B's k tiles and scale tiles start at the segment's first row, so it must be a multiple
     // of 128 (the schedule's segments are of 256 rows): a group where it is not gets no tiles
     // and NaN in its D (zero_empty_experts), not another segment's rows.
-    if (row0 % kScaleRows != 0) tables.used[g] = used > 0 ? -1 : 0;
+    if (row0 % mxfp8::kTile != 0) tables.used[g] = used > 0 ? -1 : 0;
     // Computed transposed (mx_weight_mainloop.cuh's kRowsK): M = n (rows of B's E4M3 [n,
     // total_rows]), N = k (the gradient's columns), K = the segment's routed rows; D[e] [k, n]
     // is column-major M x N. A is B's bytes from the segment's first row, for the mainloop's
