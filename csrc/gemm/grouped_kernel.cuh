@@ -45,7 +45,9 @@ struct GroupedGemm {
   using Element = std::conditional_t<kMxWeightF16, cutlass::half_t, cutlass::bfloat16_t>;
   using ElementC = void;
   using Accumulator = float;
-  using TileShape = cute::Shape<cute::_128, cute::_256, cute::Int<kTileK>>;
+  static constexpr bool kPingpong = kKind == Kind::kLinearPingpong;
+  using TileShape = cute::Shape<cute::_128, std::conditional_t<kPingpong, cute::_128, cute::_256>,
+                                cute::Int<kTileK>>;
   using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
   static constexpr int kAlignment = 16 / sizeof(Element);
   static constexpr int kAlignmentD = 16 / sizeof(ElementD);
@@ -56,9 +58,13 @@ struct GroupedGemm {
   // store: 1.5-3% faster than through 128 x 16 TMA tiles; the bf16 kinds' 2-byte direct stores
   // were 2-12% slower than their TMA tiles (benchmarks/NOTES.md v29).
   static constexpr bool kDirectStore = kMxWeight && sizeof(ElementD) == 4;
-  using EpilogueSchedule =
-      std::conditional_t<kDirectStore, cutlass::epilogue::PtrArrayNoSmemWarpSpecialized,
-                         cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>;
+  using EpilogueSchedule = std::conditional_t<
+      kDirectStore, cutlass::epilogue::PtrArrayNoSmemWarpSpecialized,
+      std::conditional_t<kPingpong, cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong,
+                         cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>>;
+  using KernelSchedule =
+      std::conditional_t<kPingpong, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong,
+                         cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>;
   using BuiltEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, Accumulator, Accumulator, ElementC,
@@ -75,7 +81,7 @@ struct GroupedGemm {
       std::conditional_t<kMxWeight, cutlass::gemm::collective::StageCount<kMxWeightStages>,
                          cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
                              sizeof(typename Epilogue::SharedStorage))>>,
-      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
+      KernelSchedule>::CollectiveOp;
   using PairedMainloop = PairedKMainloop<BuiltMainloop>;
   using Mainloop = std::conditional_t<
       kMxWeight,
