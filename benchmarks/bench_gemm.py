@@ -89,15 +89,6 @@ def rates(timer: harness.Timer, rows: torch.Tensor, offs: torch.Tensor, gate_up,
             lambda: cuda_gemm.weight_grads([(d_y, h_rows)], counts),
         ),
     }
-    if mok:
-        problems["gate_up_pingpong"] = (
-            problems["gate_up"][0], problems["gate_up"][1],
-            lambda: cuda_gemm.linear(rows, [gate_up], counts, pingpong=True),
-        )
-        problems["down_pingpong"] = (
-            problems["down"][0], problems["down"][1],
-            lambda: cuda_gemm.linear(h_rows, [down], counts, pingpong=True),
-        )
     gate_w, up_w = _halves(gate_up)
     problems["gate_up_swiglu"] = (
         2 * n * 2 * inter * hidden,

@@ -37,7 +37,6 @@ constexpr KindEntry kEntries[kKinds] = {
     entry<Kind::kLinearMxWeightFloat>(),
     entry<Kind::kLinearMxWeightPair>(),
     entry<Kind::kWeightGradMx>(),
-    entry<Kind::kLinearPingpong>(),
 };
 
 }  // namespace dispatch

@@ -54,12 +54,9 @@ enum class Kind : int {
   // tiles (`b_scale`), read without a bf16 copy: the MXFP8 backward's gate and up weight gradients
   // from the saved x. N, M and total_rows must be multiples of 128.
   kWeightGradMx = 9,
-  // kLinear with ping-pong consumers: each warpgroup computes a 128 x 128 tile of its own, so
-  // one's epilogue runs beside the other's k loop.
-  kLinearPingpong = 10,
 };
 
-constexpr int kKinds = 11;
+constexpr int kKinds = 10;
 
 // The kinds whose B operands are MXFP8 as stored (E4M3 and scale tiles): weights, or kind 9's
 // transposed activation.

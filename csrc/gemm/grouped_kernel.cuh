@@ -45,9 +45,7 @@ struct GroupedGemm {
   using Element = std::conditional_t<kMxWeightF16, cutlass::half_t, cutlass::bfloat16_t>;
   using ElementC = void;
   using Accumulator = float;
-  static constexpr bool kPingpong = kKind == Kind::kLinearPingpong;
-  using TileShape = cute::Shape<cute::_128, std::conditional_t<kPingpong, cute::_128, cute::_256>,
-                                cute::Int<kTileK>>;
+  using TileShape = cute::Shape<cute::_128, cute::_256, cute::Int<kTileK>>;
   using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
   static constexpr int kAlignment = 16 / sizeof(Element);
   static constexpr int kAlignmentD = 16 / sizeof(ElementD);
@@ -58,13 +56,9 @@ struct GroupedGemm {
   // store: 1.5-3% faster than through 128 x 16 TMA tiles; the bf16 kinds' 2-byte direct stores
   // were 2-12% slower than their TMA tiles (benchmarks/NOTES.md v29).
   static constexpr bool kDirectStore = kMxWeight && sizeof(ElementD) == 4;
-  using EpilogueSchedule = std::conditional_t<
-      kDirectStore, cutlass::epilogue::PtrArrayNoSmemWarpSpecialized,
-      std::conditional_t<kPingpong, cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong,
-                         cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>>;
-  using KernelSchedule =
-      std::conditional_t<kPingpong, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong,
-                         cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>;
+  using EpilogueSchedule =
+      std::conditional_t<kDirectStore, cutlass::epilogue::PtrArrayNoSmemWarpSpecialized,
+                         cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative>;
   using BuiltEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, Accumulator, Accumulator, ElementC,
@@ -81,7 +75,7 @@ struct GroupedGemm {
       std::conditional_t<kMxWeight, cutlass::gemm::collective::StageCount<kMxWeightStages>,
                          cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
                              sizeof(typename Epilogue::SharedStorage))>>,
-      KernelSchedule>::CollectiveOp;
+      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative>::CollectiveOp;
   using PairedMainloop = PairedKMainloop<BuiltMainloop>;
   using Mainloop = std::conditional_t<
       kMxWeight,

@@ -210,7 +210,7 @@ __global__ void fill_tables_kernel(GroupedArgs args, Tables tables) {
     tables.d[g] = d + row0 * n;
     tables.stride_a[g] = leading_stride<StrideA>(k);
     // kLinear*: B[e] is [N, K] (K contiguous); the transposed kinds: [K, N] (N contiguous).
-    const bool k_major = kKind == Kind::kLinear || kKind == Kind::kLinearPingpong || gate_up;
+    const bool k_major = kKind == Kind::kLinear || gate_up;
     tables.stride_b[g] = leading_stride<StrideB>(k_major ? k : n);
     if (paired) {  // the same shapes and strides as the first pair
       tables.a2[g] = static_cast<const Element*>(args.sets[1].a) + row0 * k;

@@ -54,7 +54,6 @@ class Kind(enum.IntEnum):
     LINEAR_MX_FLOAT = 7  # LINEAR_MX -> fp32
     LINEAR_MX_PAIR = 8  # a[seg] @ w[e]^T + a2[seg] @ w2[e]^T, w and w2 MXFP8 pairs -> bf16
     WEIGHT_GRAD_MX = 9  # WEIGHT_GRAD with b an MXFP8 transposed pair (cuda_weight_grads_mx)
-    LINEAR_PINGPONG = 10  # LINEAR with ping-pong consumers (128 x 128 tiles)
 
 
 # The kinds whose launch has one group per expert (both operand sets in each tile).
@@ -185,10 +184,8 @@ def linear(
     rows: torch.Tensor,
     row_source=None,
     zero_rest: bool = True,
-    pingpong: bool = False,
 ) -> list[torch.Tensor]:
-    """bf16 a [R, K] @ w[e]^T per segment for each w [E, N, K] (one launch) -> bf16 [R, N] each;
-    `pingpong`: kind 10's schedule (the same bits).
+    """bf16 a [R, K] @ w[e]^T per segment for each w [E, N, K] (one launch) -> bf16 [R, N] each.
 
     Rows past the last segment are zero (unspecified when not `zero_rest`: for buffers only the
     segments of are read), and so are the padding rows `row_source` marks.
@@ -198,8 +195,7 @@ def linear(
     n = weights[0].shape[1] if weights[0].dim() == 3 else None
     for i, w in enumerate(weights):
         _shaped(f"weights[{i}]", w, [experts, n, a.shape[1]], "E N K", a.device)
-    kind = Kind.LINEAR_PINGPONG if pingpong else Kind.LINEAR
-    return _linear(kind, a, [_bf16(w) for w in weights], rows, row_source, zero_rest)
+    return _linear(Kind.LINEAR, a, [_bf16(w) for w in weights], rows, row_source, zero_rest)
 
 
 def _linear(kind: Kind, a, weights, rows, row_source, zero_rest, scales=(), exponents=None):

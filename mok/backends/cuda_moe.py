@@ -96,7 +96,6 @@ class HopperGemms(CudaMxfp8, CudaElementwise, ExpertEngine):
         self.num_tokens = schedule[2]
         self.num_experts = num_experts
         self.swiglu_epilogue = _swiglu_epilogue()
-        self.pingpong_max_k = int(os.environ.get("MOK_PINGPONG_MAX_K", "0"))
         # MOK_MXFP8_F16=1: the MXFP8 forward's gate/up GEMM on f16 rows rebased per row (kind
         # 6; pull_rounded writes them at EP 1) instead of bf16 rows (kind 4). Off by default:
         # on 1x H200 it makes the DSV4-Pro-like forward 0.10-0.15 ms faster, but the host-bound
@@ -139,10 +138,7 @@ class HopperGemms(CudaMxfp8, CudaElementwise, ExpertEngine):
             return cuda_rebased.linear_mx_f16(a, rebased, self.rows, self.row_source, False)
         if isinstance(weights[0], cuda_gemm.MxWeight):
             return cuda_gemm.linear_mx(a, weights, self.rows, self.row_source, zero_rest=False)
-        pingpong = a.shape[1] <= self.pingpong_max_k
-        return cuda_gemm.linear(
-            a, weights, self.rows, self.row_source, zero_rest=False, pingpong=pingpong
-        )
+        return cuda_gemm.linear(a, weights, self.rows, self.row_source, zero_rest=False)
 
     def gate_up_swiglu(self, a: torch.Tensor, w_gate, w_up, limit: float | None):
         """With MOK_SWIGLU_EPILOGUE=1 (and whole 128-column tiles), one GEMM launch with SwiGLU

@@ -45,7 +45,6 @@ EXTENSION_SOURCES = [
     "csrc/gemm/linear_mx_float.cu",
     "csrc/gemm/linear_mx_pair.cu",
     "csrc/gemm/linear_pair.cu",
-    "csrc/gemm/linear_pingpong.cu",
     "csrc/gemm/linear_swiglu.cu",
     "csrc/gemm/linear_transposed.cu",
     "csrc/gemm/weight_grad.cu",
