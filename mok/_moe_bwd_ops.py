@@ -83,7 +83,7 @@ def dispatch_mlp_swiglu_combine_bwd_bf16(
         routed,
         (x_routed, gate_routed, up_routed, hidden_routed),
         (gate_shared, up_shared, hidden_shared),
-        x,
+        (x, x_ptrs),
         schedule,
         topk,
         swiglu_limit,
@@ -161,7 +161,7 @@ def dispatch_mlp_swiglu_combine_bwd_mxfp8(
         routed,
         saved,
         (gate_shared, up_shared, hidden_shared),
-        x,
+        (x, x_ptrs),
         schedule,
         topk,
         swiglu_limit,
@@ -171,14 +171,17 @@ def dispatch_mlp_swiglu_combine_bwd_mxfp8(
 
 
 def _backward(
-    grads, buffers, shared, routed, saved, shared_saved, x, schedule, topk, limit, group_name, mxfp8
-):
+    grads, buffers, shared, routed, saved, shared_saved, x_and_ptrs, schedule, topk, limit,
+    group_name, mxfp8,
+):  # fmt: skip
     names = ("d_y_buffer", "router_weight_buffer", "d_x_routed_buffer", "d_router_weight_buffer")
+    x, x_ptrs = x_and_ptrs
     engine = select_engine(
         x.device,
         dict(zip(names, (*grads, *buffers), strict=True)) | {"x_buffer": x},
         topk,
         group_name,
+        x_ptrs,
     )
     if shared is None:
         shared_saved = None

@@ -78,9 +78,8 @@ def dispatch_mlp_swiglu_combine_fwd_bf16(
     shared_weights = (w_shared_gate, w_shared_up, w_shared_down)
     check_pass(x, schedule, topk, swiglu_limit, routed, shared_weights, mxfp8=False, backward=False)
     shared = _shared(w_shared_gate, w_shared_up, w_shared_down)
-    engine = select_engine(
-        x.device, {"x_buffer": x, "combine_buffer": combine_buffer}, topk, group_name
-    )
+    buffers = {"x_buffer": x, "combine_buffer": combine_buffer}
+    engine = select_engine(x.device, buffers, topk, group_name, x_ptrs)
     saved, y, shared_out = moe.forward(engine, x, shared, routed, schedule, swiglu_limit, False)
     x_rows, gate, up, hidden = saved
     g_s, u_s, h_s, y_s = present(shared_out, x)
@@ -172,9 +171,8 @@ def dispatch_mlp_swiglu_combine_fwd_mxfp8(
     shared_weights = (w_shared_gate, w_shared_up, w_shared_down)
     check_pass(x, schedule, topk, swiglu_limit, routed, shared_weights, mxfp8=True, backward=False)
     shared = _shared(w_shared_gate, w_shared_up, w_shared_down)
-    engine = select_engine(
-        x.device, {"x_buffer": x, "combine_buffer": combine_buffer}, topk, group_name
-    )
+    buffers = {"x_buffer": x, "combine_buffer": combine_buffer}
+    engine = select_engine(x.device, buffers, topk, group_name, x_ptrs)
     saved, y, shared_out = moe.forward(engine, x, shared, routed, schedule, swiglu_limit, True)
     (x_t, x_t_sc), (gate, gate_sc), (up, up_sc), (hidden_t, hidden_t_sc) = saved
     g_s, u_s, h_s, y_s = present(shared_out, x)

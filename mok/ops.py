@@ -24,7 +24,7 @@ from mok._moe_ops import (  # noqa: F401
     dispatch_mlp_swiglu_combine_fwd_mxfp8,
 )
 from mok.backends import reference
-from mok.workspace import workspace_owning
+from mok.workspace import same_layout, workspace_at, workspace_of_group, workspace_owning
 
 
 @custom_op("mok::all_gather_top_experts", mutates_args=("all_gather_top_experts_buffer",))
@@ -60,9 +60,11 @@ def all_gather_top_experts(
     if backends.uses_cuda(top_experts.device):
         from mok.backends import cuda_comm
 
-        cuda_comm.all_gather_top_experts(
-            _owner(buffer, "all_gather_top_experts_buffer"), top_experts
-        )
+        name = "all_gather_top_experts_buffer"
+        workspace = workspace_owning(buffer) or workspace_of_group(group_name, name, buffer)
+        cuda_comm.all_gather_top_experts(_owner(workspace, name, buffer), top_experts)
+        if buffer.data_ptr() != workspace.all_gather_top_experts_buffer.data_ptr():
+            buffer.copy_(workspace.all_gather_top_experts_buffer)  # a functional copy (compile)
         return
     reference.all_gather_top_experts(top_experts, buffer, group_name)
 
@@ -84,16 +86,17 @@ def barrier_all(
     if backends.uses_cuda(barrier_buffer.device):
         from mok.backends import cuda_comm
 
-        cuda_comm.barrier(_owner(barrier_buffer, "barrier_buffer"))
+        workspace = workspace_at(barrier_buffer_ptrs)
+        cuda_comm.barrier(_owner(workspace, "barrier_buffer", barrier_buffer))
         return
     dist.barrier(group=reference.resolve_group(group_name))
     target.add_(1)
 
 
-def _owner(buffer: torch.Tensor, name: str):
-    """The workspace owning a symmetric buffer (the CUDA kernels need its peer tables)."""
-    workspace = workspace_owning(buffer)
-    if workspace is None or getattr(workspace, name).data_ptr() != buffer.data_ptr():
+def _owner(workspace, name: str, buffer: torch.Tensor):
+    """The workspace the CUDA kernels run on (they need its peer tables), found for the op's
+    `name` argument: that buffer itself, or under torch.compile a functional copy of it."""
+    if workspace is None or not same_layout(getattr(workspace, name), buffer):
         raise ValueError(f"on CUDA, `{name}` must be the `{name}` of a mok workspace")
     return workspace
 

@@ -7,6 +7,7 @@ tensors and the pointer lists hold zeros; the reference moves data with torch.di
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from dataclasses import dataclass, field
 
@@ -229,6 +230,9 @@ def _create(config: MoKConfig, group, device: torch.device, sizes: tuple[int, in
 # Symmetric buffer address -> its workspace: the CUDA ops receive buffers (the original's
 # signatures) and find the peer tables and flags of the workspace that owns them.
 _OWNERS: weakref.WeakValueDictionary[int, MoKWorkspace] = weakref.WeakValueDictionary()
+# Creation number -> workspace, for workspace_of_group's order.
+_CREATED: weakref.WeakValueDictionary[int, MoKWorkspace] = weakref.WeakValueDictionary()
+_CREATION_ORDER = itertools.count()
 
 
 def workspace_owning(tensor: torch.Tensor) -> MoKWorkspace | None:
@@ -236,9 +240,38 @@ def workspace_owning(tensor: torch.Tensor) -> MoKWorkspace | None:
     return _OWNERS.get(tensor.data_ptr())
 
 
+def workspace_at(addresses: list[int]) -> MoKWorkspace | None:
+    """The workspace of a buffer's pointer list: the list's entry for this rank is the address
+    of a registered buffer (the other entries are peers' buffers mapped into this process).
+    Under torch.compile an op's tensor arguments can be functional copies of the workspace's
+    buffers, while the integer lists reach the op as they are."""
+    for address in addresses:
+        workspace = _OWNERS.get(address)
+        if workspace is not None:
+            return workspace
+    return None
+
+
+def workspace_of_group(group_name: str, name: str, tensor: torch.Tensor) -> MoKWorkspace | None:
+    """The first-created live workspace of `group_name` whose buffer `name` has `tensor`'s
+    shape, dtype and device: for ops that take a buffer but no pointer list (the routing
+    all-gather), when the buffer reaches them as a functional copy (torch.compile). Every rank
+    creates its workspaces in the same order, so all ranks pick the same one."""
+    for _, workspace in sorted(_CREATED.items()):
+        buffer = getattr(workspace, name)
+        if workspace.group_name == group_name and same_layout(buffer, tensor):
+            return workspace
+    return None
+
+
+def same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and a.device == b.device
+
+
 def _register(workspace: MoKWorkspace) -> MoKWorkspace:
     for name in _SYMMETRIC_BUFFERS:
         _OWNERS[getattr(workspace, name).data_ptr()] = workspace
+    _CREATED[next(_CREATION_ORDER)] = workspace
     return workspace
 
 

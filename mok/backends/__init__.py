@@ -39,13 +39,18 @@ def uses_cuda(device: torch.device) -> bool:
 
 
 def select_engine(
-    device: torch.device, buffers: dict[str, torch.Tensor], topk: int, group_name: str
+    device: torch.device,
+    buffers: dict[str, torch.Tensor],
+    topk: int,
+    group_name: str,
+    x_ptrs: list[int] = (),
 ):
-    """The engine of mok.backends.moe for tensors on `device` (see `uses_cuda`)."""
+    """The engine of mok.backends.moe for tensors on `device` (see `uses_cuda`); `x_ptrs` (the
+    op's pointer list of `x_buffer`) names the CUDA workspace."""
     if uses_cuda(device):
         from mok.backends.cuda_moe import CudaEngine
 
-        return CudaEngine.for_buffers(buffers)
+        return CudaEngine.for_buffers(buffers, x_ptrs)
     from mok.backends.reference import ReferenceEngine
 
     return ReferenceEngine(buffers, topk, group_name)

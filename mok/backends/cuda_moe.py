@@ -19,6 +19,7 @@ import os
 
 import torch
 
+from mok._checks import describe
 from mok.backends import (
     cuda,
     cuda_comm,
@@ -30,7 +31,7 @@ from mok.backends import (
 )
 from mok.backends.cuda_dense import CudaElementwise, DenseGemms, transposed_view
 from mok.backends.reference_experts import ExpertEngine
-from mok.workspace import MoKWorkspace, workspace_owning
+from mok.workspace import MoKWorkspace, same_layout, workspace_at
 
 
 class CudaMxfp8:
@@ -233,6 +234,10 @@ def _comm_stream(device: torch.device) -> torch.cuda.Stream:
     return _COMM_STREAMS[index]
 
 
+# The symmetric buffers the peers push into (a pass's outputs); the others they pull from.
+PUSHED_INTO = ("combine_buffer", "d_x_routed_buffer", "d_router_weight_buffer")
+
+
 class CudaEngine:
     """mok.backends.moe's engine on one CUDA workspace.
 
@@ -248,19 +253,46 @@ class CudaEngine:
         self.ws = workspace
         self.ctas = background_ctas()
         self._waiting: torch.cuda.Stream | None = None  # the stream to join, when forked
+        self._stand_ins: dict[str, torch.Tensor] = {}  # pushed-into buffer -> its argument
 
     @classmethod
-    def for_buffers(cls, buffers: dict[str, torch.Tensor]) -> CudaEngine:
-        """The engine of the workspace that owns these buffers (the op's arguments)."""
-        workspace = workspace_owning(buffers["x_buffer"])
+    def for_buffers(cls, buffers: dict[str, torch.Tensor], x_ptrs: list[int]) -> CudaEngine:
+        """The engine of the workspace whose `x_buffer` this rank's entry of `x_ptrs` is.
+
+        mok.functional passes the workspace's buffers themselves. Under torch.compile an op's
+        tensor arguments can be functional copies (a buffer filled by `copy_`, a mutated
+        argument's clone), while the peers read and write the symmetric buffers behind the
+        pointers: so an argument that is not its buffer has its values copied into the buffer
+        here, or, for the buffers the peers push into, gets the buffer's values back from
+        `hand_back_pushed` after the pushes (eager mode copies nothing)."""
+        workspace = workspace_at(x_ptrs)
+        if workspace is None:
+            raise ValueError(
+                "the CUDA fused ops work on a mok workspace's symmetric buffers: no entry of "
+                "`x_ptrs` is this rank's `x_buffer` of a live workspace (call mok.functional, "
+                "or pass workspace.x_buffer_ptrs)"
+            )
+        engine = cls(workspace)
         for name, tensor in buffers.items():
-            if workspace is None or getattr(workspace, name).data_ptr() != tensor.data_ptr():
+            buffer = getattr(workspace, name)
+            if not same_layout(tensor, buffer):
                 raise ValueError(
-                    f"the CUDA fused ops work on a workspace's symmetric buffers: `{name}` is "
-                    "not the buffer of that name of a mok workspace (call mok.functional, or "
-                    "pass workspace.<name>)"
+                    f"`{name}` must have the workspace's {name} layout ({describe(buffer)}), "
+                    f"got {describe(tensor)}"
                 )
-        return cls(workspace)
+            if tensor.data_ptr() == buffer.data_ptr():
+                continue
+            if name in PUSHED_INTO:
+                engine._stand_ins[name] = tensor
+            else:
+                buffer.copy_(tensor)
+        return engine
+
+    def hand_back_pushed(self) -> None:
+        """Copies each buffer the peers pushed into to the argument that stood for it (call on
+        the current stream once the pushes are joined); nothing in eager mode."""
+        for name, tensor in self._stand_ins.items():
+            tensor.copy_(getattr(self.ws, name))
 
     @contextlib.contextmanager
     def _exchange(self, background: bool):

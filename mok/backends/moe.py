@@ -97,6 +97,7 @@ def forward(engine, x, shared, routed, schedule, limit, mxfp8: bool):
         gate, up, hidden, y = experts.forward_bf16(x_rows, *routed, gemm, limit)
         saved = [x_rows, gate, up, hidden]
     engine.push_all([(y, "combine_buffer")], schedule)
+    engine.hand_back_pushed()
     return saved, y, shared_out
 
 
@@ -136,6 +137,7 @@ def backward(engine, d_y, shared, routed, saved, shared_saved, x, schedule, limi
     routed_weight_grads.prepare()  # elementwise passes, beside a background push too
     d_wg_s, d_wu_s, d_wd_s = shared_weight_grads()
     engine.join()
+    engine.hand_back_pushed()
     d_w_gate, d_w_up, d_w_down = routed_weight_grads()
     return (
         d_x_s, d_x_r, d_gate_s, d_gate_r, d_up_s, d_up_r, d_hidden_s, d_hidden_r,

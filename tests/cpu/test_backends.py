@@ -1,12 +1,12 @@
-"""Backend selection (MOK_BACKEND, MOK_GROUPED_GEMM) and the CUDA engine's refusal of foreign
-buffers."""
+"""Backend selection (MOK_BACKEND, MOK_GROUPED_GEMM), the CUDA engine's workspace lookup and
+its handling of functional copies of the buffers (torch.compile)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from mok import backends
+from mok import backends, workspace
 from mok.backends.cuda_moe import CudaEngine, GroupedGemms, HopperGemms
 from mok.backends.reference import ReferenceEngine
 
@@ -41,9 +41,49 @@ def test_reference_engine_off_cuda(monkeypatch):
     assert isinstance(engine, ReferenceEngine)
 
 
-def test_cuda_engine_refuses_buffers_of_no_workspace():
-    with pytest.raises(ValueError, match="`x_buffer` is not the buffer of that name"):
-        CudaEngine.for_buffers({"x_buffer": torch.zeros(4, 128)})
+def test_cuda_engine_refuses_pointers_of_no_workspace():
+    with pytest.raises(ValueError, match="no entry of `x_ptrs` is this rank's `x_buffer`"):
+        CudaEngine.for_buffers({"x_buffer": torch.zeros(4, 128)}, [12345])
+
+
+class _Workspace:
+    """The symmetric buffers of a registered workspace, on the CPU (weakref-able)."""
+
+    def __init__(self, group_name="g"):
+        self.group_name = group_name
+        for name, (dtype, shape_of) in workspace._SYMMETRIC_BUFFERS.items():
+            setattr(self, name, torch.zeros(shape_of(2, 4, 128, 2), dtype=dtype))
+        workspace._register(self)
+
+
+def test_cuda_engine_takes_functional_copies_of_the_buffers():
+    """Under torch.compile the ops get copies: values go into the buffers the peers read, and
+    the pushed-into buffers' values come back to their copies; the buffers themselves (eager
+    mode) are neither copied nor handed back."""
+    ws = _Workspace()
+    x = torch.randn(4, 128).bfloat16()
+    combine = torch.full((8, 128), float("nan")).bfloat16()
+    engine = CudaEngine.for_buffers(
+        {"x_buffer": x, "combine_buffer": combine}, [111, ws.x_buffer.data_ptr()]
+    )
+    assert engine.ws is ws and torch.equal(ws.x_buffer, x)
+    ws.combine_buffer.fill_(3.0)
+    engine.hand_back_pushed()
+    assert (combine == 3.0).all() and (x != 3.0).any()
+    own = CudaEngine.for_buffers({"x_buffer": ws.x_buffer}, [ws.x_buffer.data_ptr()])
+    assert own._stand_ins == {}
+    with pytest.raises(ValueError, match=r"`combine_buffer` must have the workspace's"):
+        CudaEngine.for_buffers({"combine_buffer": combine[:4]}, [ws.x_buffer.data_ptr()])
+
+
+def test_workspace_of_group_takes_the_first_created_match():
+    first, second, other = _Workspace("g2"), _Workspace("g2"), _Workspace("g3")
+    probe = torch.zeros_like(first.all_gather_top_experts_buffer)
+    name = "all_gather_top_experts_buffer"
+    assert workspace.workspace_of_group("g2", name, probe) is first
+    assert workspace.workspace_of_group("g3", name, probe) is other
+    assert workspace.workspace_of_group("g2", name, probe[:1]) is None
+    assert second is not first
 
 
 def _cpu_schedule(experts: int = 2):

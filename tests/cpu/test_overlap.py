@@ -59,6 +59,12 @@ class RecordingEngine:
         self.log.append(("join", False))
         self.pending = False
 
+    def hand_back_pushed(self) -> None:
+        # The pushed-into buffers are copied to their arguments on the current stream: every
+        # push must be joined by then.
+        assert not self.pending, "buffers handed back while a background exchange runs"
+        self.log.append(("hand back", False))
+
     def routed_gemms(self, schedule, num_experts):
         row_expert = experts.row_experts(schedule[3], schedule[2], ROWS)
         return LoggedGemms(self, row_expert, num_experts)
