@@ -1,11 +1,12 @@
-"""torch.compile(fullgraph=True) traces build_schedule -> forward -> backward with no graph break,
-and the compiled step gives bitwise the eager results."""
+"""torch.compile(fullgraph=True) traces build_schedule -> forward -> backward, and mok.MoELayer,
+with no graph break, and the compiled step gives bitwise the eager results."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+import mok
 from mok import functional as F
 
 TOKENS, HIDDEN, INTER, EXPERTS, TOPK = 24, 128, 128, 3, 2
@@ -65,4 +66,27 @@ def test_fullgraph_step_matches_eager(single_rank_group, mxfp8):
     flat_eager = [eager[0], *eager[1]]
     flat_traced = [traced[0], *traced[1]]
     for a, b in zip(flat_eager, flat_traced, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("mxfp8", [False, True], ids=["bf16", "mxfp8"])
+def test_fullgraph_layer_matches_eager(single_rank_group, mxfp8):
+    """mok.MoELayer (its autograd node, the workspace cache and the on-the-fly quantization
+    included) traces whole, forward and backward, and gives the eager bits."""
+    torch.manual_seed(3)
+    layer = mok.MoELayer(HIDDEN, INTER, EXPERTS, TOPK, swiglu_limit=3.0, mxfp8=mxfp8)
+    args = _inputs(False)
+
+    def step(call):
+        layer.zero_grad(set_to_none=True)
+        x = args["x"].clone().requires_grad_()
+        rw = args["rw"].clone().requires_grad_()
+        out = call(x, args["top_experts"], rw)
+        out.backward(args["grad"])
+        return [out.detach(), x.grad, rw.grad, *(p.grad for p in layer.parameters())]
+
+    eager = step(layer)
+    torch._dynamo.reset()
+    traced = step(torch.compile(layer, fullgraph=True, backend="aot_eager"))
+    for a, b in zip(eager, traced, strict=True):
         assert torch.equal(a, b)
