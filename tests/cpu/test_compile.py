@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from layer_helpers import layer_step
 
 import mok
 from mok import functional as F
@@ -78,12 +79,7 @@ def test_fullgraph_layer_matches_eager(single_rank_group, mxfp8):
     args = _inputs(False)
 
     def step(call):
-        layer.zero_grad(set_to_none=True)
-        x = args["x"].clone().requires_grad_()
-        rw = args["rw"].clone().requires_grad_()
-        out = call(x, args["top_experts"], rw)
-        out.backward(args["grad"])
-        return [out.detach(), x.grad, rw.grad, *(p.grad for p in layer.parameters())]
+        return layer_step(layer, call, args["x"], args["top_experts"], args["rw"], args["grad"])
 
     eager = step(layer)
     torch._dynamo.reset()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
+from layer_helpers import layer_step
 
 import mok
 from mok import functional as F
@@ -41,13 +42,7 @@ def _inputs(seed: int) -> dict:
 
 
 def _step(layer, call, data) -> list[torch.Tensor]:
-    """Output, d_x, d_router_weights and every parameter's gradient of one forward + backward."""
-    layer.zero_grad(set_to_none=True)
-    x = data["x"].clone().requires_grad_()
-    rw = data["rw"].clone().requires_grad_()
-    out = call(x, data["top"], rw)
-    out.backward(data["grad"])
-    return [out.detach(), x.grad, rw.grad, *(p.grad for p in layer.parameters())]
+    return layer_step(layer, call, data["x"], data["top"], data["rw"], data["grad"])
 
 
 def _poison(layer, data) -> None:
