@@ -63,8 +63,9 @@ def all_gather_top_experts(
         name = "all_gather_top_experts_buffer"
         workspace = workspace_owning(buffer) or workspace_of_group(group_name, name, buffer)
         cuda_comm.all_gather_top_experts(_owner(workspace, name, buffer), top_experts)
-        if buffer.data_ptr() != workspace.all_gather_top_experts_buffer.data_ptr():
-            buffer.copy_(workspace.all_gather_top_experts_buffer)  # a functional copy (compile)
+        gathered = getattr(workspace, name)
+        if buffer.data_ptr() != gathered.data_ptr():  # a functional copy (torch.compile)
+            buffer.copy_(gathered)
         return
     reference.all_gather_top_experts(top_experts, buffer, group_name)
 

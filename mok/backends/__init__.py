@@ -10,6 +10,7 @@ cuda alike), so nothing silently falls back to the slow path.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 import torch
 
@@ -43,7 +44,7 @@ def select_engine(
     buffers: dict[str, torch.Tensor],
     topk: int,
     group_name: str,
-    x_ptrs: list[int] = (),
+    x_ptrs: Sequence[int] = (),
 ):
     """The engine of mok.backends.moe for tensors on `device` (see `uses_cuda`); `x_ptrs` (the
     op's pointer list of `x_buffer`) names the CUDA workspace."""
