@@ -80,6 +80,18 @@ def poison_next_allocation(shape, dtype: torch.dtype, count: int = 1) -> None:
     del blocks
 
 
+def poison_cached_memory(value: float, large_gib: int = 4, small_blocks: int = 3000) -> None:
+    """Fills the CUDA caching allocator's pools with `value`: `large_gib` 1 GiB blocks (split
+    for allocations above 1 MiB) and `small_blocks` 512 KiB ones (the small pool), filled and
+    freed, so the next allocations of any size start as `value` instead of as what the previous
+    run left there. A kernel that reads memory no kernel of its run wrote then gives other
+    results, which a run repeated on the same allocations hides."""
+    torch.cuda.empty_cache()
+    large = [torch.full((1 << 28,), value, device="cuda") for _ in range(large_gib)]
+    small = [torch.full((1 << 17,), value, device="cuda") for _ in range(small_blocks)]
+    del large, small
+
+
 def module_seed(label: str):
     """A module-scoped `seed` fixture for one-GPU test modules: MOK_TEST_SEED when set, else a
     fresh random seed, printed as "<label> test seed: ..." so a failure can be replayed."""

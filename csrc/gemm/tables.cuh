@@ -244,11 +244,12 @@ __device__ __forceinline__ void* output(const GroupedArgs& args, int index) {
 
 // Zeroes the D rows no tile computes, in 16-byte vectors, for output blockIdx.y: each
 // segment's padding rows [row0 + used, row0 + rows) and, when total_rows > 0, the rows from the
-// last segment's end to total_rows. A template (not `static`) so the kernel has one name in every
+// last segment's end to total_rows. `used` is per group: expert e's first group is
+// e * sets_per_expert (group_index), and every group of an expert has its segment's count. A template (not `static`) so the kernel has one name in every
 // translation unit, whatever the build path.
 template <int kUnused = 0>
 __global__ void zero_uncomputed_rows_kernel(GroupedArgs args, const int32_t* used,
-                                            int64_t row_bytes) {
+                                            int sets_per_expert, int64_t row_bytes) {
   auto* d = static_cast<uint4*>(output(args, static_cast<int>(blockIdx.y)));
   const int64_t vectors = row_bytes / 16;
   const int64_t first = blockIdx.x * blockDim.x + threadIdx.x;
@@ -256,7 +257,7 @@ __global__ void zero_uncomputed_rows_kernel(GroupedArgs args, const int32_t* use
   int64_t row0 = 0;
   for (int e = 0; e <= args.experts; ++e) {
     const bool tail = e == args.experts;  // the rows past every segment
-    const int64_t begin = tail ? row0 : row0 + used[e];
+    const int64_t begin = tail ? row0 : row0 + used[e * sets_per_expert];
     const int64_t tail_end = args.total_rows > row0 ? args.total_rows : row0;
     const int64_t end = tail ? tail_end : row0 + args.rows[e];
     for (int64_t i = begin * vectors + first; i < end * vectors; i += stride) {
@@ -278,8 +279,9 @@ cudaError_t fill_tables(const GroupedArgs& args, const Tables& tables, int group
     const int outputs = pairs_along_k(kKind) ? 1
                         : kKind == Kind::kLinearSwiGLU   ? kMaxSets + 1
                                                          : args.num_sets;
+    const int sets_per_expert = args.experts > 0 ? groups / args.experts : 1;
     zero_uncomputed_rows_kernel<><<<dim3(132, outputs), 256, 0, stream>>>(
-        args, tables.used, row_bytes);
+        args, tables.used, sets_per_expert, row_bytes);
   }
   return cudaGetLastError();
 }

@@ -14,6 +14,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+from gpu_helpers import poison_cached_memory
 
 from mok import functional as F
 from mok import ops
@@ -218,6 +219,22 @@ def test_bitwise_deterministic(nccl_group, mode):
         again, _ = step(ws, config, data, mode)
         for name, a, b in zip(("out", *GRAD_NAMES), first, again, strict=True):
             assert torch.equal(a, b), f"{name} changed between identical runs"
+
+
+# NaN (which a max may skip) and a large finite value (which a block's scale may not).
+@pytest.mark.parametrize("stale", [float("nan"), 3.0e4], ids=["nan", "large"])
+@pytest.mark.parametrize("mode", ["bf16", "mxfp8"])
+def test_stale_memory_changes_no_bit(nccl_group, mode, stale):
+    """The step reads nothing it did not write: with every cached block of the allocator
+    filled with `stale` first, it gives the bits of a run on whatever memory it had before
+    (test_bitwise_deterministic repeats runs on the same allocations, so it cannot see this)."""
+    data = _make(CASES["qwen3-235b-like"], _seed())
+    config, ws = _workspace(nccl_group, data)
+    first, _ = step(ws, config, data, mode)
+    poison_cached_memory(stale)
+    again, _ = step(ws, config, data, mode)
+    for name, a, b in zip(("out", *GRAD_NAMES), first, again, strict=True):
+        assert torch.equal(a, b), f"{name} depends on what its memory held before the step"
 
 
 @pytest.mark.parametrize("mode", ["bf16", "mxfp8"])

@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gpu_helpers import module_seed, requires_gpu_module, skip_without_grouped_gemms
+from gpu_helpers import (
+    module_seed,
+    poison_next_allocation,
+    requires_gpu_module,
+    skip_without_grouped_gemms,
+)
 
 from mok.backends import cuda_gemm
 
@@ -149,29 +154,36 @@ def _poison_rows(t, skipped):
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_padding_rows_get_no_tiles(case, seed):
     """Given row sources, each segment's trailing padding rows are neither read nor computed:
-    NaN there stays out of every result, those rows of D come out zero, and a launch over zero
-    padding rows equals the one without row sources bit for bit."""
+    NaN there stays out of every result, those rows of D come out zero (D's memory NaN before
+    the launch; two operand sets, whose groups are expert-major, so expert e's padding starts at
+    its own segment's count), and a launch over zero padding rows equals the one without row
+    sources bit for bit."""
     gen, counts, _, k, n = _setup(case, seed)
     source, skipped = _row_sources(case, gen)
     total, experts = source.shape[0], len(case[0])
     keep = (~skipped)[:, None]
     a = _randn(gen, total, k) * keep
-    w, w_t = _randn(gen, experts, n, k), _randn(gen, experts, k, n)
+    w, w2, w_t = _randn(gen, experts, n, k), _randn(gen, experts, n, k), _randn(gen, experts, k, n)
     d_out = _randn(gen, total, n) * keep
     full = {
         "linear": cuda_gemm.linear(a, [w], counts)[0],
+        "linear2": cuda_gemm.linear(a, [w2], counts)[0],
         "sum": cuda_gemm.linear_sum([(a, w_t), (a, w_t)], counts),
         "wgrad": cuda_gemm.weight_grads([(d_out, a)], counts)[0],
     }
     a_nan, d_nan = _poison_rows(a, skipped), _poison_rows(d_out, skipped)
+    poison_next_allocation((total, n), torch.bfloat16, count=3)
+    linear, linear2 = cuda_gemm.linear(a_nan, [w, w2], counts, source)
     skip = {
-        "linear": cuda_gemm.linear(a_nan, [w], counts, source)[0],
+        "linear": linear,
+        "linear2": linear2,
         "sum": cuda_gemm.linear_sum([(a_nan, w_t), (a_nan, w_t)], counts, source),
         "wgrad": cuda_gemm.weight_grads([(d_nan, a_nan)], counts, source)[0],
     }
     for name, got in skip.items():
         assert torch.equal(got, full[name]), f"{name}: padding rows changed the result"
-    assert (skip["linear"][skipped] == 0).all() and (skip["sum"][skipped] == 0).all()
+    for name in ("linear", "linear2", "sum"):
+        assert (skip[name][skipped] == 0).all(), f"{name}: a padding row is not zero"
 
 
 def test_repeated_launches_are_bitwise_identical(seed):

@@ -1,7 +1,7 @@
 """mok.MoELayer (autograd) on the CUDA backend: output and every gradient against the same layer
 on the reference backend, and the layer under torch.compile(fullgraph=True) giving the eager bits.
 
-Rank-count agnostic: the 1-rank pass runs it at EP=1, the multi-GPU pass at EP=N (two experts per
+Rank-count agnostic: the 1-rank pass runs it at EP=1, the multi-GPU pass at EP=N (four experts per
 rank). Fresh random data every run (seed printed; replay with MOK_TEST_SEED).
 """
 
@@ -17,7 +17,7 @@ from mok import functional as F
 
 pytestmark = [pytest.mark.gpu, pytest.mark.multi_gpu]
 
-TOKENS, HIDDEN, INTER, EXPERTS_PER_RANK, TOPK, LIMIT = 256, 1024, 512, 2, 3, 6.0
+TOKENS, HIDDEN, INTER, EXPERTS_PER_RANK, TOPK, LIMIT = 256, 1024, 512, 4, 3, 6.0
 # Σ|diff| / Σ|ref| per tensor (DESIGN.md §7's relative bound; weight gradients included).
 RELATIVE = {False: 0.01, True: 0.1}
 
