@@ -186,6 +186,21 @@ def test_padding_rows_get_no_tiles(case, seed):
         assert (skip[name][skipped] == 0).all(), f"{name}: a padding row is not zero"
 
 
+def test_two_sets_zero_each_experts_own_padding(seed):
+    """With two operand sets (gate and up), each expert's padding rows come out zero from its
+    own routed count: counts falling expert by expert, so zeroing from another group's count
+    (d753745's bug: group e is expert e / 2 here) leaves rows of D unwritten (NaN below)."""
+    gen, counts, _, k, n = _setup(([512, 512, 512], 256, 128), seed)
+    source = torch.full((sum(counts.tolist()),), -1, dtype=torch.int32, device="cuda")
+    for start, routed in ((0, 500), (512, 300), (1024, 100)):
+        source[start : start + routed] = 0
+    a = _randn(gen, source.shape[0], k) * (source >= 0)[:, None]
+    w, w2 = _randn(gen, 3, n, k), _randn(gen, 3, n, k)
+    poison_next_allocation((source.shape[0], n), torch.bfloat16, count=2)
+    for name, got in zip(("gate", "up"), cuda_gemm.linear(a, [w, w2], counts, source), strict=True):
+        assert (got[source < 0] == 0).all(), f"{name}: a padding row is not zero"
+
+
 def test_repeated_launches_are_bitwise_identical(seed):
     gen, counts, total, k, n = _setup(CASES[3], seed)
     a, w = _randn(gen, total, k), _randn(gen, len(CASES[3][0]), n, k)
