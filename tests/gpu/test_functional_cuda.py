@@ -224,11 +224,12 @@ def test_bitwise_deterministic(nccl_group, mode):
 # NaN (which a max may skip) and a large finite value (which a block's scale may not).
 @pytest.mark.parametrize("stale", [float("nan"), 3.0e4], ids=["nan", "large"])
 @pytest.mark.parametrize("mode", ["bf16", "mxfp8"])
-def test_stale_memory_changes_no_bit(nccl_group, mode, stale):
+@pytest.mark.parametrize("case", ["qwen3-235b-like", "empty-experts", "one-rank-receives-all"])
+def test_stale_memory_changes_no_bit(nccl_group, case, mode, stale):
     """The step reads nothing it did not write: with every cached block of the allocator
     filled with `stale` first, it gives the bits of a run on whatever memory it had before
     (test_bitwise_deterministic repeats runs on the same allocations, so it cannot see this)."""
-    data = _make(CASES["qwen3-235b-like"], _seed())
+    data = _make(CASES[case], _seed())
     config, ws = _workspace(nccl_group, data)
     first, _ = step(ws, config, data, mode)
     poison_cached_memory(stale)
