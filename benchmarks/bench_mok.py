@@ -165,9 +165,19 @@ class GraphStep:
 
 def run_bf16_graph(d, timer, shape, sets) -> dict:
     """BF16, each pass replayed from a CUDA graph (GraphStep): the step without host time."""
+    return _run_graph(d, timer, shape, sets, mxfp8=False)
+
+
+def run_mxfp8_graph(d, timer, shape, sets) -> dict:
+    """MXFP8 (routed weights quantized once beforehand), each pass replayed from a CUDA graph."""
+    return _run_graph(d, timer, shape, sets, mxfp8=True)
+
+
+def _run_graph(d, timer, shape, sets, *, mxfp8: bool) -> dict:
     if not d.cuda:
-        raise RuntimeError("mok_bf16_cg replays CUDA graphs: it needs a GPU")
-    step = GraphStep(d, shape, sets, mxfp8=False)
+        name = "mok_mxfp8_cg" if mxfp8 else "mok_bf16_cg"
+        raise RuntimeError(f"{name} replays CUDA graphs: it needs a GPU")
+    step = GraphStep(d, shape, sets, mxfp8=mxfp8)
     fwd = timer.measure(step.forward)
     step.forward(0)
     bwd = timer.measure(step.backward)

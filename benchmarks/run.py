@@ -36,9 +36,10 @@ SYSTEMS = {
     "mok_bf16_fg": bench_mok.run_bf16_foreground,
     "mok_mxfp8": bench_mok.run_mxfp8,
     "mok_bf16_cg": bench_mok.run_bf16_graph,
+    "mok_mxfp8_cg": bench_mok.run_mxfp8_graph,
 }
 # Systems that need a GPU: left out of --smoke's default systems.
-GPU_ONLY = ("mok_bf16_cg",)
+GPU_ONLY = ("mok_bf16_cg", "mok_mxfp8_cg")
 CHECKED = ("out", "d_x", "d_rw", "d_gate", "d_up", "d_down")
 SCHEMA = "mok-bench/1"
 

@@ -340,17 +340,19 @@ def test_probe_gemm_problems_arguments_and_gpu_requirement(capsys):
 
 
 def test_gpu_only_systems_stay_out_of_the_smoke_run(single_rank_group):
-    """mok_bf16_cg replays CUDA graphs: --smoke (CPU) leaves it out of its default systems,
-    refuses it by name, and the system itself says it needs a GPU."""
+    """mok_bf16_cg and mok_mxfp8_cg replay CUDA graphs: --smoke (CPU) leaves them out of its
+    default systems, refuses them by name, and each system itself says it needs a GPU."""
     import torch
 
     run = _load("run")
-    assert "mok_bf16_cg" in run.SYSTEMS and "mok_bf16_cg" in run.parse_args(["--out", "o"]).systems
+    assert set(run.GPU_ONLY) == {"mok_bf16_cg", "mok_mxfp8_cg"}
     smoke = run.parse_args(["--out", "o", "--smoke"]).systems
     assert smoke == [s for s in run.SYSTEMS if s not in run.GPU_ONLY] and "mok_bf16" in smoke
     with pytest.raises(SystemExit):
         run.parse_args(["--out", "o", "--smoke", "--systems", "mok_bf16", "mok_bf16_cg"])
     harness = _load("harness")
     d = harness.Dist(0, 1, torch.device("cpu"), single_rank_group)
-    with pytest.raises(RuntimeError, match="needs a GPU"):
-        run.SYSTEMS["mok_bf16_cg"](d, None, harness.SMOKE_SHAPES["tiny"], [])
+    for name in run.GPU_ONLY:
+        assert name in run.SYSTEMS and name in run.parse_args(["--out", "o"]).systems
+        with pytest.raises(RuntimeError, match=f"{name} replays CUDA graphs: it needs a GPU"):
+            run.SYSTEMS[name](d, None, harness.SMOKE_SHAPES["tiny"], [])

@@ -300,24 +300,25 @@ def test_mxfp8_f16_rows_change_no_bit(nccl_group, monkeypatch, case):
 
 # dsv4-like's shared expert is large enough for background exchanges (a forked stream in the
 # graph), qwen3-235b-like's is not.
+@pytest.mark.parametrize("mode", ["bf16", "mxfp8"])
 @pytest.mark.parametrize("case", ["qwen3-235b-like", "dsv4-like"])
-def test_cuda_graph_step_replays_with_new_inputs(nccl_group, case):
+def test_cuda_graph_step_replays_with_new_inputs(nccl_group, case, mode):
     seed = _seed()
     data = _make(CASES[case], seed)
     config, ws = _workspace(nccl_group, data)
     static = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in data.items()}
-    step(ws, config, static, "bf16")  # warm-up: module load, pointer tables, allocator
+    step(ws, config, static, mode)  # warm-up: module load, pointer tables, allocator
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        captured, _ = step(ws, config, static, "bf16", capturable=True)
+        captured, _ = step(ws, config, static, mode, capturable=True)
     fresh = _make(CASES[case], seed + 1000)
     for key in ("top", "x", "rw", "grad"):
         static[key].copy_(fresh[key])
     graph.replay()
     torch.cuda.synchronize()
     eager, _ = step(
-        ws, config, {**fresh, "shared": static["shared"], "routed": static["routed"]}, "bf16"
+        ws, config, {**fresh, "shared": static["shared"], "routed": static["routed"]}, mode
     )
     for name, a, b in zip(("out", *GRAD_NAMES), captured, eager, strict=True):
         assert torch.equal(a, b), f"{name}: graph replay differs from eager"
