@@ -222,13 +222,30 @@ def test_bitwise_deterministic(nccl_group, mode):
 
 
 # NaN (which a max may skip) and a large finite value (which a block's scale may not).
-@pytest.mark.parametrize("stale", [float("nan"), 3.0e4], ids=["nan", "large"])
+STALE = pytest.mark.parametrize("stale", [float("nan"), 3.0e4], ids=["nan", "large"])
+
+
+@STALE
 @pytest.mark.parametrize("mode", ["bf16", "mxfp8"])
 @pytest.mark.parametrize("case", ["qwen3-235b-like", "empty-experts", "one-rank-receives-all"])
 def test_stale_memory_changes_no_bit(nccl_group, case, mode, stale):
     """The step reads nothing it did not write: with every cached block of the allocator
     filled with `stale` first, it gives the bits of a run on whatever memory it had before
     (test_bitwise_deterministic repeats runs on the same allocations, so it cannot see this)."""
+    _check_stale_memory(nccl_group, case, mode, stale)
+
+
+@STALE
+@pytest.mark.parametrize(
+    ("mode", "variable"), [("bf16", "MOK_SWIGLU_EPILOGUE"), ("mxfp8", "MOK_MXFP8_F16")]
+)
+def test_stale_memory_changes_no_bit_in_opt_ins(nccl_group, monkeypatch, mode, variable, stale):
+    """The same for the opt-in kernels (kind 5's SwiGLU epilogue, kind 6's rebased rows)."""
+    monkeypatch.setenv(variable, "1")
+    _check_stale_memory(nccl_group, "qwen3-235b-like", mode, stale)
+
+
+def _check_stale_memory(nccl_group, case, mode, stale):
     data = _make(CASES[case], _seed())
     config, ws = _workspace(nccl_group, data)
     first, _ = step(ws, config, data, mode)
