@@ -245,8 +245,9 @@ __device__ __forceinline__ void* output(const GroupedArgs& args, int index) {
 // Zeroes the D rows no tile computes, in 16-byte vectors, for output blockIdx.y: each
 // segment's padding rows [row0 + used, row0 + rows) and, when total_rows > 0, the rows from the
 // last segment's end to total_rows. `used` is per group: expert e's first group is
-// e * sets_per_expert (group_index), and every group of an expert has its segment's count. A template (not `static`) so the kernel has one name in every
-// translation unit, whatever the build path.
+// e * sets_per_expert (group_index), and every group of an expert has its segment's count. A
+// template (not `static`) so the kernel has one name in every translation unit, whatever the
+// build path.
 template <int kUnused = 0>
 __global__ void zero_uncomputed_rows_kernel(GroupedArgs args, const int32_t* used,
                                             int sets_per_expert, int64_t row_bytes) {
