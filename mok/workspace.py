@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -240,7 +241,7 @@ def workspace_owning(tensor: torch.Tensor) -> MoKWorkspace | None:
     return _OWNERS.get(tensor.data_ptr())
 
 
-def workspace_at(addresses: list[int]) -> MoKWorkspace | None:
+def workspace_at(addresses: Sequence[int]) -> MoKWorkspace | None:
     """The workspace of a buffer's pointer list: the list's entry for this rank is the address
     of a registered buffer (the other entries are peers' buffers mapped into this process).
     Under torch.compile an op's tensor arguments can be functional copies of the workspace's
@@ -265,6 +266,7 @@ def workspace_of_group(group_name: str, name: str, tensor: torch.Tensor) -> MoKW
 
 
 def same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether a and b could be one another: same shape, dtype and device."""
     return a.shape == b.shape and a.dtype == b.dtype and a.device == b.device
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Sequence
 
 import torch
 
@@ -256,7 +257,7 @@ class CudaEngine:
         self._stand_ins: dict[str, torch.Tensor] = {}  # pushed-into buffer -> its argument
 
     @classmethod
-    def for_buffers(cls, buffers: dict[str, torch.Tensor], x_ptrs: list[int]) -> CudaEngine:
+    def for_buffers(cls, buffers: dict[str, torch.Tensor], x_ptrs: Sequence[int]) -> CudaEngine:
         """The engine of the workspace whose `x_buffer` this rank's entry of `x_ptrs` is.
 
         mok.functional passes the workspace's buffers themselves. Under torch.compile an op's
