@@ -2,7 +2,7 @@
 # compute-sanitizer over one EP 1 step (tools/demo.py: schedule, forward, backward; BF16 and
 # MXFP8) on the installed mok: memcheck (out-of-bounds and misaligned accesses) and synccheck
 # (barrier misuse). Writes one line per tool and mode to REPORT, then the head of every log
-# that holds an error; exits 1 if any does.
+# that holds an error; exits 1 if any does. tests/gpu/test_sanitizer.py runs it in the GPU suite.
 #   PYTHONPATH=<site with mok> bash tools/sanitize.sh REPORT
 # MOK_SANITIZE_TOOLS picks the tools (default "memcheck synccheck"). Left out (NOTES v32):
 # initcheck, which does not see TMA or cuBLAS stores (the shared expert's gate, written whole by
