@@ -113,7 +113,7 @@ __device__ __forceinline__ void quantize_tile(const Params& p, const Tile& t) {
 
 template <class Source, int kLayouts>
 __device__ __forceinline__ void quantize_tile_at(const Params& p, int64_t id) {
-  const Tile t = locate_tile(id, p.tiles_m, p.tiles_n);
+  const Tile t = locate_tile(id, p.tiles_m, p.tiles_n, Source::kRowTilesFirst);
   if (p.used_rows != nullptr && t.m0 >= *p.used_rows) return;  // the same for the whole CTA
   quantize_tile<Source, kLayouts>(p, t);
 }

@@ -78,6 +78,7 @@ struct RegisterRows {
 // The tile's rows as they are in x.
 struct LoadSource : RegisterRows {
   static constexpr bool kInTurns = false;
+  static constexpr bool kRowTilesFirst = false;  // locate_tile's order: n fastest
   // The rows-rounding form held to 4 (64 registers, as before its packed path took it to 71).
   template <int kLayouts>
   static constexpr int kMinCtas = kLayouts == kRoundedRows ? 4 : 0;
@@ -115,6 +116,12 @@ struct ScaledLoadSource : LoadSource {
 // kernel.
 struct GatherSource : RegisterRows {
   static constexpr bool kInTurns = true;
+  // Every row tile of a 128-column block before the next block: a source row is read by up to
+  // `divisor` routed rows spread over the whole schedule, and with the columns outermost the
+  // CTAs resident at once share one block's columns of the source (a few MB, held in L2 between
+  // its reads) instead of whole rows (all of x, evicted by the pass's stores: 13% L2 read hits
+  // on the Qwen3.5-like forward, NOTES v32).
+  static constexpr bool kRowTilesFirst = true;
   // The rebased gather: 4 (64 registers); left alone it took 80 and ran 20-30% slower (1x
   // H200, NOTES v17, v18). The plain one: 5 (48 registers, no spills since its packed rounding;
   // 63 and 4 CTAs left alone): 0.236 -> 0.227 ms on the Qwen3.5-like forward (NOTES v25).
@@ -170,6 +177,7 @@ struct GatherSource : RegisterRows {
 template <bool kLimit>
 struct SwigluSource {
   static constexpr bool kInTurns = false;
+  static constexpr bool kRowTilesFirst = false;
   // 3 (80 registers): without the clamp's per-element work (kLimit false) ptxas took 86,
   // which leaves 2 CTAs per SM.
   template <int kLayouts>

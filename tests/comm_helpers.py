@@ -26,9 +26,10 @@ from mok.workspace import create_workspace
 WORLD = int(os.environ.get("WORLD_SIZE", "1"))
 POISON_BYTE = 0xFF  # bf16 0xFFFF and fp32 0xFFFFFFFF are NaN; int32 -1
 CALLS = 5  # back-to-back calls per test, nothing cleared in between
-# (T, H, k, local experts): odd T*k (the 4-byte all-gather path), DSV4-Pro-like H, Qwen3-like.
-SHAPES = [(101, 128, 3, 2), (256, 7168, 6, 4), (64, 4096, 8, 3)]
-SHAPE_IDS = ["T101-H128-k3", "T256-H7168-k6", "T64-H4096-k8"]
+# (T, H, k, local experts): odd T*k (the 4-byte all-gather path), DSV4-Pro-like H, Qwen3-like
+# top-8 with H 4224 (rows of 528 vectors: four whole column slices of the pull and a part one).
+SHAPES = [(101, 128, 3, 2), (256, 7168, 6, 4), (64, 4224, 8, 3)]
+SHAPE_IDS = ["T101-H128-k3", "T256-H7168-k6", "T64-H4224-k8"]
 
 
 def make_workspace(device, tokens: int, hidden: int, topk: int):
