@@ -71,46 +71,65 @@ __device__ __forceinline__ int64_t live_rows(const ScheduleView& s) {
   return n < 0 ? 0 : (n < s.rows ? n : s.rows);
 }
 
-// Rank and row of schedule row `row` in a [limit, ...] buffer, or false for a row that carries
-// nothing: padding, or an entry outside the group or the buffer (which a valid schedule never
-// holds; skipping it keeps a corrupt schedule from touching memory it does not own).
-__device__ __forceinline__ bool schedule_entry(const ScheduleView& s, int64_t row, int64_t live,
-                                               int ep, int divisor, int64_t limit, int* rank,
-                                               int64_t* index) {
-  if (row >= live) return false;
-  *rank = s.peer_rank[row];
-  const int32_t idx = s.peer_token_idx[row];
-  if (*rank < 0 || *rank >= ep || idx < 0) return false;
-  *index = idx / divisor;
+// A schedule row's entry as stored: the source rank and the index into its buffer (before the
+// divisor); rank -1 for padding.
+struct RawEntry {
+  int rank;
+  int32_t idx;
+};
+
+__device__ __forceinline__ RawEntry raw_entry(const ScheduleView& s, int64_t row, int64_t live) {
+  if (row >= live) return {-1, -1};
+  return {s.peer_rank[row], s.peer_token_idx[row]};
+}
+
+// The row of `e` in a [limit, ...] buffer, or false for an entry that carries nothing: padding,
+// or an entry outside the group or the buffer (which a valid schedule never holds; skipping it
+// keeps a corrupt schedule from touching memory it does not own).
+__device__ __forceinline__ bool valid_entry(RawEntry e, int ep, int divisor, int64_t limit,
+                                            int64_t* index) {
+  if (e.rank < 0 || e.rank >= ep || e.idx < 0) return false;
+  *index = e.idx / divisor;
   return *index < limit;
 }
 
-// Work items are (column slice, row), rows fastest: one slice (a batch of loads of the team)
-// of every row before the next slice. A source row is read by up to `divisor` routed rows
-// spread over the whole schedule; slice by slice, the source bytes in use at once are one
-// slice of each source row (a few MB, held in L2 between their reads) instead of whole rows
-// (all of x, evicted by the pass's stores: 23% L2 read hits on the Qwen3.5-like forward,
-// NOTES v32).
+// Vectors [first, first + count) of schedule row `row` (entry `e`): the source's, or zeros.
+template <typename V>
+__device__ __forceinline__ void pull_slice(const PullArgs& a, int64_t row, int64_t first,
+                                           int64_t count, RawEntry e, const Team& team) {
+  V* dst = reinterpret_cast<V*>(static_cast<uint8_t*>(a.out) + row * a.row_bytes) + first;
+  int64_t index;
+  if (valid_entry(e, a.ep, a.divisor, a.src_rows, &index)) {
+    const uint8_t* src = reinterpret_cast<const uint8_t*>(a.src_table[e.rank]);
+    copy_row(dst, reinterpret_cast<const V*>(src + index * a.row_bytes) + first, count, team);
+  } else {
+    zero_row(dst, count, team);
+  }
+}
+
+// Column slices outermost (a slice is one batch of loads of the team): every row's slice before
+// the next slice. A source row is read by up to `divisor` routed rows spread over the whole
+// schedule; slice by slice, the source bytes in use at once are one slice of every source row
+// (a few MB, held in L2 between their reads) instead of whole rows (all of x, evicted by the
+// pass's stores: 22% L2 read hits on the Qwen3.5-like forward, NOTES v32). A team's rows are
+// the same in every slice, and the next row's entry is loaded during this row's copy, so the
+// slices add no schedule lookups to wait for (loaded with each copy, they made the pull 7%
+// slower, NOTES v33).
 template <typename V>
 __global__ void __launch_bounds__(kCopyThreads) pull_kernel(PullArgs a, int lane_shift) {
   const Team team = grid_team(lane_shift);
   const int64_t vecs = a.row_bytes / static_cast<int64_t>(sizeof(V));
   const int64_t slice_vecs = static_cast<int64_t>(team.lanes) * kCopyUnroll;
-  const int64_t slices = (vecs + slice_vecs - 1) / slice_vecs;
   const int64_t live = live_rows(a.schedule);
   const int64_t end = a.zero_rest ? a.schedule.rows : live;
-  for (int64_t item = team.index; item < slices * end; item += team.count) {
-    const int64_t row = item % end;
-    const int64_t first = item / end * slice_vecs;
+  const RawEntry first_entry = raw_entry(a.schedule, team.index, live);
+  for (int64_t first = 0; first < vecs; first += slice_vecs) {
     const int64_t count = vecs - first < slice_vecs ? vecs - first : slice_vecs;
-    V* dst = reinterpret_cast<V*>(static_cast<uint8_t*>(a.out) + row * a.row_bytes) + first;
-    int rank;
-    int64_t index;
-    if (schedule_entry(a.schedule, row, live, a.ep, a.divisor, a.src_rows, &rank, &index)) {
-      const uint8_t* src = reinterpret_cast<const uint8_t*>(a.src_table[rank]);
-      copy_row(dst, reinterpret_cast<const V*>(src + index * a.row_bytes) + first, count, team);
-    } else {
-      zero_row(dst, count, team);
+    RawEntry entry = first_entry;
+    for (int64_t row = team.index; row < end; row += team.count) {
+      const RawEntry next = raw_entry(a.schedule, row + team.count, live);
+      pull_slice<V>(a, row, first, count, entry, team);
+      entry = next;
     }
   }
 }
@@ -121,10 +140,10 @@ __global__ void __launch_bounds__(kCopyThreads) push_kernel(PushArgs a, int lane
   const int64_t vecs = a.row_bytes / static_cast<int64_t>(sizeof(V));
   const int64_t live = live_rows(a.schedule);
   for (int64_t row = team.index; row < a.schedule.rows; row += team.count) {
-    int rank;
+    const RawEntry e = raw_entry(a.schedule, row, live);
     int64_t index;
-    if (!schedule_entry(a.schedule, row, live, a.ep, 1, a.dst_rows, &rank, &index)) continue;
-    uint8_t* dst = reinterpret_cast<uint8_t*>(a.dst_table[rank]) + index * a.row_bytes;
+    if (!valid_entry(e, a.ep, 1, a.dst_rows, &index)) continue;
+    uint8_t* dst = reinterpret_cast<uint8_t*>(a.dst_table[e.rank]) + index * a.row_bytes;
     const uint8_t* src = static_cast<const uint8_t*>(a.rows) + row * a.row_bytes;
     copy_row(reinterpret_cast<V*>(dst), reinterpret_cast<const V*>(src), vecs, team);
   }
