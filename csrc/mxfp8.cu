@@ -33,8 +33,8 @@ __device__ __forceinline__ void quantize_tile(const Params& p, const Tile& t) {
   static_assert(!kRebasedOut || (kRoundedOut && std::is_same_v<Source, GatherSource>),
                 "rebased rows are the gathering source's rounded values");
   constexpr bool kColumns = kTransposedOut || kRoundedRowsOut;  // needs the column blocks
-  static_assert(!kRoundedRowsOut || std::is_base_of_v<LoadSource, Source>,
-                "rounded rows re-read the source's chunks: a LoadSource only");
+  static_assert(!kRoundedRowsOut || std::is_base_of_v<RegisterRows, Source>,
+                "rounded rows re-read the source's chunks: a source that keeps them");
   __shared__ uint32_t s_tile[kColumns ? kTile * kPitch : 1];
   __shared__ alignas(16) uint8_t s_scale[kTileScaleBytes];
   __shared__ alignas(16) uint8_t s_scale_t[kTileScaleBytes];
@@ -53,8 +53,12 @@ __device__ __forceinline__ void quantize_tile(const Params& p, const Tile& t) {
     source.chunk(p, t, pass, row, chunk, w, s_source);
     if constexpr (kColumns) {
       uint32_t* staged = s_tile + row * kPitch + chunk * kWordsPerChunk;
+      uint32_t c[kWordsPerChunk];
 #pragma unroll
-      for (int i = 0; i < kWordsPerChunk; ++i) staged[i] = w[i];
+      for (int i = 0; i < kWordsPerChunk; ++i) c[i] = w[i];
+      if constexpr (Source::kScalesColumns) source.scale_columns(pass, c);
+#pragma unroll
+      for (int i = 0; i < kWordsPerChunk; ++i) staged[i] = c[i];
     }
     if constexpr (kNormalOut || kRoundedOut) {
       const BlockScale scale = row_chunk_scale(w);
@@ -96,6 +100,7 @@ __device__ __forceinline__ void quantize_tile(const Params& p, const Tile& t) {
       const int row = pass * kRowsPerPass + row0;
       uint32_t w[kWordsPerChunk];
       source.chunk(p, t, pass, row, chunk, w, s_source);
+      if constexpr (Source::kScalesColumns) source.scale_columns(pass, w);
       store_rounded_rows_chunk(p.rounded_rows + chunk_offset(p, t, row, chunk), w, row, chunk,
                                s_floor, s_scale_t);
     }
@@ -225,6 +230,15 @@ cudaError_t launch_gather_round(const QuantizeArgs& args, const GatherArgs& gath
   p.used_rows = args.used_rows;
   if (p.tiles == 0) return cudaSuccess;
   using detail::GatherSource, detail::kRebased, detail::kRounded, detail::kTransposed;
+  if (args.rounded_rows != nullptr) {
+    if (args.row_scale == nullptr || args.out_t != nullptr || gather.src_exponents != nullptr) {
+      return cudaErrorInvalidValue;
+    }
+    p.rounded_rows = static_cast<uint16_t*>(args.rounded_rows);
+    p.row_scale = args.row_scale;
+    using detail::ScaledGatherSource, detail::kRoundedRows;
+    return detail::launch<ScaledGatherSource, kRounded | kRoundedRows>(p, stream, ctas);
+  }
   if (gather.src_exponents != nullptr) {
     return detail::launch<GatherSource, kRounded | kRebased | kTransposed>(p, stream, ctas);
   }

@@ -26,8 +26,9 @@ struct QuantizeArgs {
   void* scale_t = nullptr;
   void* rounded = nullptr;
   void* rounded_rows = nullptr;  // bf16 [experts, rows, cols]: the transposed layout's values
-  // With rounded_rows only, or null: fp32 [experts * rows], each row of x taken as
-  // bf16(row_scale[r] * x[r]) (scale_rows's product) before it is rounded.
+  // With rounded_rows (alone, or with rounded in launch_gather_round), or null: fp32
+  // [experts * rows], each row of x taken as bf16(row_scale[r] * x[r]) (scale_rows's product)
+  // before rounded_rows' rounding.
   const float* row_scale = nullptr;
   void* row_exponents = nullptr;  // launch_gather_round with src_exponents: uint8 [rows]
   const int32_t* used_rows = nullptr;
@@ -59,6 +60,9 @@ struct GatherArgs {
 // `gather` says (args.x unused) and writes what the rounding of x writes, args.rounded and the
 // transposed pair (args.out_t, args.scale_t); args.used_rows as there (the schedule's
 // num_tokens). `ctas` > 0 limits the grid (tiles are taken in turn), 0 gives one CTA per tile.
+// With args.rounded_rows and args.row_scale instead of the transposed pair (the MXFP8
+// backward's d_out pull): args.rounded as above and args.rounded_rows as launch_quantize writes
+// them with row_scale, bit for bit (rebased rows not with it).
 cudaError_t launch_gather_round(const QuantizeArgs& args, const GatherArgs& gather, int ctas,
                                 cudaStream_t stream);
 

@@ -33,7 +33,7 @@ struct Params {
   uint16_t* rounded;       // bf16 values of the normal layout (kRebased: f16 rebased)
   uint8_t* row_exponents;  // kRebased: each row's exponent byte R (0 on padding rows)
   uint16_t* rounded_rows;  // bf16 values of the transposed layout, [experts, rows, cols]
-  const float* row_scale;  // ScaledLoadSource: fp32 [experts * rows]
+  const float* row_scale;  // ScaledLoadSource, ScaledGatherSource: fp32 [experts * rows]
   Pair transposed;
   Pair gate_q;  // SwigluSource: gate and up, normal layout
   Pair up_q;
@@ -57,12 +57,28 @@ __device__ __forceinline__ int64_t normal_scale_tile(const Params& p, const Tile
   return (t.expert * p.tiles_m + t.m_tile) * p.tiles_n + t.n_tile;
 }
 
+// Row `row` of tile t's weight in Params::row_scale.
+__device__ __forceinline__ float row_weight(const Params& p, const Tile& t, int row) {
+  return p.row_scale[t.expert * p.rows + t.m0 + row];
+}
+
+// w = bf16(weight * w), element by element: scale_rows's product.
+__device__ __forceinline__ void scale_words(float weight, uint32_t (&w)[kWordsPerChunk]) {
+#pragma unroll
+  for (int i = 0; i < kWordsPerChunk; ++i) {
+    w[i] = pack_bf16x2(__fmul_rn(weight, bf16_lo(w[i])), __fmul_rn(weight, bf16_hi(w[i])));
+  }
+}
+
 // A source whose constructor loads all of the thread's row chunks of the tile into registers
 // (every load issued before any is used: 8 x 16 B in flight per thread).
 struct RegisterRows {
   // CTAs per SM the kernel of a form (kLayouts) is held to, 0 for none (mxfp8.cu's launch).
   template <int kLayouts>
   static constexpr int kMinCtas = 0;
+  // Whether the column blocks (kTransposed, kRoundedRows) see the chunks times their rows'
+  // weights (`scale_columns(pass, words)`) while the row blocks see them as they are.
+  static constexpr bool kScalesColumns = false;
   struct Shared {};
   uint32_t w[kPasses][kWordsPerChunk];
 
@@ -99,12 +115,7 @@ struct ScaledLoadSource : LoadSource {
       : LoadSource(p, t, row0, chunk) {
 #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
-      const float weight = p.row_scale[t.expert * p.rows + t.m0 + pass * kRowsPerPass + row0];
-#pragma unroll
-      for (int i = 0; i < kWordsPerChunk; ++i) {
-        w[pass][i] = pack_bf16x2(__fmul_rn(weight, bf16_lo(w[pass][i])),
-                                 __fmul_rn(weight, bf16_hi(w[pass][i])));
-      }
+      scale_words(row_weight(p, t, pass * kRowsPerPass + row0), w[pass]);
     }
   }
 };
@@ -167,6 +178,31 @@ struct GatherSource : RegisterRows {
   }
 };
 
+// The MXFP8 backward's d_out rows as the dispatch pulls them, for both of its roundings in one
+// pass: the row blocks (kRounded, the d_h GEMM's operand) see the rows as they are, the column
+// blocks (kRoundedRows, d_W_down's) see bf16(row_scale[r] * row r), as ScaledLoadSource gives
+// them (row_scale: the routed rows' router weights).
+struct ScaledGatherSource : GatherSource {
+  // 3 (80 registers): held to 4 (64) it spilled 20 bytes, with the weights loaded where used
+  // instead of kept, 148.
+  template <int kLayouts>
+  static constexpr int kMinCtas = 3;
+  static constexpr bool kScalesColumns = true;
+  float weight[kPasses];
+
+  __device__ ScaledGatherSource(const Params& p, const Tile& t, int row0, int chunk)
+      : GatherSource(p, t, row0, chunk) {
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
+      weight[pass] = row_weight(p, t, pass * kRowsPerPass + row0);
+    }
+  }
+
+  __device__ void scale_columns(int pass, uint32_t (&w)[kWordsPerChunk]) const {
+    scale_words(weight[pass], w);
+  }
+};
+
 // hidden = bf16(silu(min(gate, L)) * clamp(up, -L, L)), as the SwiGLU kernel rounds it, with
 // gate and up quantized (normal layout) from the same registers. The loads go in a ring of two
 // passes: a pass's 4 x 16 B are issued as soon as the pass two before it is consumed, so loads
@@ -178,6 +214,7 @@ template <bool kLimit>
 struct SwigluSource {
   static constexpr bool kInTurns = false;
   static constexpr bool kRowTilesFirst = false;
+  static constexpr bool kScalesColumns = false;
   // 3 (80 registers): without the clamp's per-element work (kLimit false) ptxas took 86,
   // which leaves 2 CTAs per SM.
   template <int kLayouts>

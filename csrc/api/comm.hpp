@@ -137,7 +137,8 @@ inline void comm_pull_round(uintptr_t src_table, uintptr_t peer_rank, uintptr_t 
                             uintptr_t num_tokens, int64_t rows, int64_t cols, int64_t src_rows,
                             int divisor, int ep, uintptr_t rounded, uintptr_t out_t,
                             uintptr_t scale_t, int ctas, uintptr_t stream,
-                            uintptr_t src_exponents, uintptr_t row_exponents) {
+                            uintptr_t src_exponents, uintptr_t row_exponents,
+                            uintptr_t rounded_rows, uintptr_t row_scale) {
   namespace c = comm_checks;
   c::group_size(ep);
   c::address("src_table", src_table, 8);
@@ -152,8 +153,20 @@ inline void comm_pull_round(uintptr_t src_table, uintptr_t peer_rank, uintptr_t 
   c::at_least("divisor", divisor, 1);
   c::at_least("ctas", ctas, 0);
   c::address("rounded", rounded, 16);
-  c::address("out_t", out_t, 16);
-  c::address("scale_t", scale_t, 16);
+  // Either the transposed pair (the forward) or the scaled rounded rows (the backward's d_out).
+  c::require((rounded_rows == 0) == (row_scale == 0),
+             "`rounded_rows` and `row_scale` must both be given or both be 0");
+  c::require((rounded_rows == 0) != (out_t == 0 && scale_t == 0),
+             "give the transposed pair (`out_t`, `scale_t`) or `rounded_rows` with `row_scale`, "
+             "not both or neither");
+  if (rounded_rows == 0) {
+    c::address("out_t", out_t, 16);
+    c::address("scale_t", scale_t, 16);
+  } else {
+    c::address("rounded_rows", rounded_rows, 16);
+    c::address("row_scale", row_scale, 4);
+    c::require(src_exponents == 0, "rebased rows (`src_exponents`) do not go with `rounded_rows`");
+  }
   c::require((src_exponents == 0) == (row_exponents == 0),
              "`src_exponents` and `row_exponents` must both be given or both be 0");
   c::require(src_exponents == 0 || ep == 1,
@@ -164,6 +177,8 @@ inline void comm_pull_round(uintptr_t src_table, uintptr_t peer_rank, uintptr_t 
   args.rounded = reinterpret_cast<void*>(rounded);
   args.out_t = reinterpret_cast<void*>(out_t);
   args.scale_t = reinterpret_cast<void*>(scale_t);
+  args.rounded_rows = reinterpret_cast<void*>(rounded_rows);
+  args.row_scale = reinterpret_cast<const float*>(row_scale);
   args.used_rows = view.num_tokens;
   args.rows = rows;
   args.cols = cols;
@@ -263,12 +278,15 @@ inline void bind_comm(pybind11::module_& m) {
         py::arg("peer_token_idx"), py::arg("num_tokens"), py::arg("rows"), py::arg("cols"),
         py::arg("src_rows"), py::arg("divisor"), py::arg("ep"), py::arg("rounded"),
         py::arg("out_t"), py::arg("scale_t"), py::arg("ctas"), py::arg("stream"),
-        py::arg("src_exponents") = 0, py::arg("row_exponents") = 0,
+        py::arg("src_exponents") = 0, py::arg("row_exponents") = 0, py::arg("rounded_rows") = 0,
+        py::arg("row_scale") = 0,
         "comm_pull_rows of bf16 rows [rows, cols] and mxfp8_quantize's rounded values and "
         "transposed pair of the pulled rows in one pass (the pulled rows are not stored); "
         "128-row tiles at or past num_tokens write nothing; ctas 0: one CTA per tile (no "
         "barrier). With src_exponents (ep 1, uint8 [src_rows]): rounded is f16, each row times "
-        "2^(127 - R) of its source row's byte R, and row_exponents (uint8 [rows]) gets R.");
+        "2^(127 - R) of its source row's byte R, and row_exponents (uint8 [rows]) gets R. With "
+        "rounded_rows and row_scale (fp32 [rows]) instead of out_t and scale_t: rounded_rows "
+        "gets mxfp8_round_rows of the pulled rows with that row_scale.");
   m.def("comm_push_rows", &comm_push_rows, py::arg("rows_data"), py::arg("dst_table"),
         py::arg("peer_rank"), py::arg("peer_token_idx"), py::arg("num_tokens"), py::arg("rows"),
         py::arg("row_bytes"), py::arg("dst_rows"), py::arg("ep"), py::arg("ctas"),

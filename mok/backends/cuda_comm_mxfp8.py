@@ -1,4 +1,4 @@
-"""The MXFP8 forward's dispatch in one pass: pull the routed rows and round them.
+"""The MXFP8 passes' pulls, each in one pass with the roundings of the rows it pulls.
 
 The MXFP8 forward reads the routed rows of x only as their MXFP8 rounding (what a GEMM reads
 for their normal layout) and their transposed (fp8, scale) pair (saved for the weight
@@ -6,13 +6,16 @@ gradient). `pull_round` gathers the rows from the peers' symmetric buffers and w
 outputs directly, so the pulled bf16 rows are never stored and read back: at EP 1 that saves a
 write and a read of every routed row, and beyond it the rounding rides on the NVLink loads.
 Bit for bit `cuda.mxfp8_round(cuda_comm.pull_rows(...), transposed=True, used_rows=num_tokens)`
-on the rows below the schedule's `num_tokens` (GPU tests).
+on the rows below the schedule's `num_tokens` (GPU tests). The backward reads its d_out rows
+only as their rounding and, for d_W_down, the rounding in blocks of 32 rows of the rows times
+their router weights: `pull_round_rows` writes those two.
 """
 
 from __future__ import annotations
 
 import torch
 
+from mok._checks import check_tensor
 from mok.backends import cuda, cuda_rebased
 from mok.backends.cuda_comm import _PULL_SOURCES, _buffer, _schedule_rows, run_pull
 from mok.workspace import MoKWorkspace
@@ -44,16 +47,7 @@ def pull_round(
     of the source buffer, one more pass over the T local tokens), the MXFP8 GEMM on f16
     operands' input (cuda_rebased.linear_mx_f16).
     """
-    source = _buffer(ws, source_buffer_name, _PULL_SOURCES)
-    peer_rank, peer_token_idx, num_tokens = _schedule_rows(ws, schedule)
-    rows, cols = peer_rank.shape[0], source.shape[1]
-    if rows % _TILE or cols % _TILE:
-        raise ValueError(
-            "pull_round needs schedule rows and hidden size that are multiples of 128, got "
-            f"{rows} rows of {cols}"
-        )
-    if num_ctas is not None and num_ctas < 1:
-        raise ValueError(f"`num_ctas` must be >= 1 or None, got {num_ctas}")
+    source, schedule_rows, (rows, cols) = _tiled_pull(ws, source_buffer_name, schedule, num_ctas)
     if rebased and ws.ep_size != 1:
         raise ValueError(f"`rebased` rows need the local source (EP 1), got EP {ws.ep_size}")
     dtype = torch.float16 if rebased else torch.bfloat16
@@ -71,7 +65,7 @@ def pull_round(
         ws,
         "comm_pull_round",
         source_buffer_name,
-        (peer_rank, peer_token_idx, num_tokens),
+        schedule_rows,
         (sync_before, sync_after),
         rows=rows,
         cols=cols,
@@ -86,3 +80,60 @@ def pull_round(
     if rebased:
         values = cuda_rebased.RebasedRows(values, storage[:rows])
     return values, (data_t, scale_t)
+
+
+def pull_round_rows(
+    ws: MoKWorkspace,
+    source_buffer_name: str,
+    schedule,
+    row_weights: torch.Tensor,
+    *,
+    sync_before: bool = True,
+    sync_after: bool = True,
+    num_ctas: int | None = None,
+):
+    """The MXFP8 backward's d_out pull and both of its roundings in one pass: (values,
+    rounded_rows), bf16 [C, H] each, bit for bit `cuda.mxfp8_round(rows, used_rows=num_tokens)`
+    and `cuda.mxfp8_round_rows(rows, num_tokens, row_scale=row_weights)` of
+    `rows = cuda_comm.pull_rows(ws, source_buffer_name, schedule)` on the tiles below the
+    schedule's `num_tokens` (the later ones are left unwritten). `row_weights`: fp32 [C], the
+    routed rows' router weights (`pull_router_weights`), read on the device, so enqueue it on
+    this stream before. Sizes, `num_ctas` and barriers as in `pull_round`."""
+    source, schedule_rows, (rows, cols) = _tiled_pull(ws, source_buffer_name, schedule, num_ctas)
+    check_tensor("row_weights", row_weights, dtype=torch.float32, shape=[rows],
+                      device=ws.device)  # fmt: skip
+    values = torch.empty((rows, cols), dtype=torch.bfloat16, device=ws.device)
+    rounded_rows = torch.empty_like(values)
+    run_pull(
+        ws,
+        "comm_pull_round",
+        source_buffer_name,
+        schedule_rows,
+        (sync_before, sync_after),
+        rows=rows,
+        cols=cols,
+        src_rows=source.shape[0],
+        divisor=ws.topk,
+        rounded=values.data_ptr(),
+        out_t=0,
+        scale_t=0,
+        ctas=num_ctas or 0,
+        rounded_rows=rounded_rows.data_ptr(),
+        row_scale=row_weights.data_ptr(),
+    )
+    return values, rounded_rows
+
+
+def _tiled_pull(ws: MoKWorkspace, source_buffer_name: str, schedule, num_ctas):
+    """(source, schedule rows, (C, H)) of a tiled pull, its sizes and `num_ctas` checked."""
+    source = _buffer(ws, source_buffer_name, _PULL_SOURCES)
+    schedule_rows = _schedule_rows(ws, schedule)
+    rows, cols = schedule_rows[0].shape[0], source.shape[1]
+    if rows % _TILE or cols % _TILE:
+        raise ValueError(
+            "pull_round needs schedule rows and hidden size that are multiples of 128, got "
+            f"{rows} rows of {cols}"
+        )
+    if num_ctas is not None and num_ctas < 1:
+        raise ValueError(f"`num_ctas` must be >= 1 or None, got {num_ctas}")
+    return source, schedule_rows, (rows, cols)

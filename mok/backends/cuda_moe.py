@@ -31,7 +31,7 @@ from mok.backends import (
     cuda_weight_grads_mx,
 )
 from mok.backends.cuda_dense import CudaElementwise, DenseGemms, transposed_view
-from mok.backends.reference_experts import ExpertEngine
+from mok.backends.reference_experts import ExpertEngine, mx_round_d_out
 from mok.workspace import MoKWorkspace, same_layout, workspace_at
 
 
@@ -354,6 +354,25 @@ class CudaEngine:
             return lambda: rounded
         rows = self.pull(name, schedule, background, sync=sync)
         return lambda: gemm.mx_round_both(rows)
+
+    def pull_rounded_rows(
+        self, name: str, schedule, gemm, row_weights, background: bool = False, *,
+        sync=(True, True),
+    ):  # fmt: skip
+        """A callable giving `mx_round_d_out(gemm, rows, row_weights)` of
+        `self.pull(name, schedule)`'s rows; call it after the join. Where `pull_rounded` pulls
+        and rounds in one pass, so does this (cuda_comm_mxfp8.pull_round_rows, after a join:
+        it reads `row_weights`, which a background pull may be writing); elsewhere it pulls on
+        a few CTAs and rounds when called."""
+        if self.ws.ep_size == 1 or not background:
+            self.join()
+            before, after = sync
+            rounded = cuda_comm_mxfp8.pull_round_rows(
+                self.ws, name, schedule, row_weights, sync_before=before, sync_after=after
+            )
+            return lambda: rounded
+        rows = self.pull(name, schedule, background, sync=sync)
+        return lambda: mx_round_d_out(gemm, rows, row_weights)
 
     def pull_router_weights(self, schedule, background: bool = False, *, sync=(True, True)):
         out = self.ws.router_weight_buffer.new_empty(schedule[0].shape[0])

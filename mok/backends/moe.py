@@ -4,16 +4,20 @@ These are the bodies of the `dispatch_mlp_swiglu_combine_{fwd,bwd}_{bf16,mxfp8}`
 engine supplies the communication and the GEMMs (reference: collectives and masked fp32
 products; CUDA: NVLink kernels and grouped GEMMs):
 
-| engine method                                        | does                                      |
-|------------------------------------------------------|-------------------------------------------|
-| pull(name, schedule, background, sync)               | dispatch: one row per schedule row        |
-| pull_rounded(name, schedule, gemm, background, sync) | () -> gemm.mx_round_both of pull's rows   |
-| pull_router_weights(schedule, background, sync)      | the fp32 router weight of each row        |
-| push_all(pushes, schedule, background)               | combine: rows into their sources' slots   |
-| join()                                               | later work waits for background exchanges |
-| routed_gemms(schedule, E)                            | GEMM engine over the expert segments      |
-| shared_gemms(tokens)                                 | GEMM engine for the shared expert         |
-| topk                                                 | routes per token                          |
+| engine method                                    | does                                    |
+|--------------------------------------------------|-----------------------------------------|
+| pull(name, schedule, background, sync)           | dispatch: one row per schedule row      |
+| pull_rounded(name, schedule, gemm, background,   | () -> gemm.mx_round_both of pull's rows |
+| sync)                                            |                                         |
+| pull_rounded_rows(name, schedule, gemm, rw,      | () -> experts.mx_round_d_out of pull's  |
+| background, sync)                                | rows, with the router weights rw        |
+| pull_router_weights(schedule, background, sync)  | the fp32 router weight of each row      |
+| push_all(pushes, schedule, background)           | combine: rows into their sources' slots |
+| join()                                           | later work waits for background         |
+|                                                  | exchanges                               |
+| routed_gemms(schedule, E)                        | GEMM engine over the expert segments    |
+| shared_gemms(tokens)                             | GEMM engine for the shared expert       |
+| topk                                             | routes per token                        |
 
 Routed tensors have one row per schedule row (C). Barriers (engines whose exchanges need them):
 a pass has one before its pulls (the sources are written) and none after them, because the
@@ -118,8 +122,13 @@ def backward(engine, d_y, shared, routed, saved, shared_saved, x, schedule, limi
     gemm = engine.routed_gemms(schedule, schedule[3].shape[0])
     # MXFP8 also pulls in the background of the dequantization of its saved tensors.
     background = overlap or mxfp8
-    d_out_rows = engine.pull("d_y_buffer", schedule, background=background, sync=(True, False))
-    rw_rows = engine.pull_router_weights(schedule, background=background, sync=(False, False))
+    rw_rows = engine.pull_router_weights(schedule, background=background, sync=(True, False))
+    sync = (False, False)
+    if mxfp8:  # d_out's rows are read only rounded, in two forms (experts.mx_round_d_out)
+        d_out = engine.pull_rounded_rows("d_y_buffer", schedule, gemm, rw_rows, background,
+                                         sync=sync)  # fmt: skip
+    else:
+        d_out_rows = engine.pull("d_y_buffer", schedule, background=background, sync=sync)
     inputs = experts.mxfp8_backward_inputs(saved, routed, gemm) if mxfp8 else None
     if not overlap:  # the shared expert (if any) gets every SM; a no-op when nothing forked
         engine.join()
@@ -128,7 +137,7 @@ def backward(engine, d_y, shared, routed, saved, shared_saved, x, schedule, limi
     )
     engine.join()
     if mxfp8:
-        routed_out = experts.backward_mxfp8(d_out_rows, rw_rows, inputs, gemm, limit)
+        routed_out = experts.backward_mxfp8(d_out(), rw_rows, inputs, gemm, limit)
     else:
         routed_out = experts.backward_bf16(d_out_rows, rw_rows, *saved, routed, gemm, limit)
     (d_x_r, d_rw, d_gate_r, d_up_r, d_hidden_r), routed_weight_grads = routed_out

@@ -157,6 +157,12 @@ class ReferenceEngine:
         rounded = gemm.mx_round_both(self.pull(name, schedule))
         return lambda: rounded
 
+    def pull_rounded_rows(
+        self, name: str, schedule, gemm, row_weights, background=False, *, sync=(True, True)
+    ):
+        rounded = experts.mx_round_d_out(gemm, self.pull(name, schedule), row_weights)
+        return lambda: rounded
+
     def pull_router_weights(self, schedule, background=False, *, sync=(True, True)):
         weights = self.buffers["router_weight_buffer"]
         return pull_router_weights(weights, schedule[0], schedule[1], self.group_name)

@@ -280,18 +280,28 @@ def mxfp8_backward_inputs(ctx, weights, gemm):
     return (down, (gate_t, up_t), *activations)
 
 
-def backward_mxfp8(d_out_rows, rw_rows, inputs, gemm, limit):
-    """MXFP8 backward on `inputs` = mxfp8_backward_inputs(...). Returns as `backward_bf16`."""
+def mx_round_d_out(gemm, d_out_rows, rw_rows):
+    """The two forms the MXFP8 backward reads d_out's rows in: (q_H(d_out), the d_h GEMM's
+    operand; q_T(bf16(rw * d_out)), d_W_down's), as rounded values (engines compute them with
+    the pull: pull_rounded_rows)."""
+    return gemm.mx_round(d_out_rows), gemm.mx_round_rows(d_out_rows, rw_rows)
+
+
+def backward_mxfp8(d_out_rounded, rw_rows, inputs, gemm, limit):
+    """MXFP8 backward on `inputs` = mxfp8_backward_inputs(...) and `d_out_rounded` =
+    mx_round_d_out(gemm, d_out_rows, rw_rows). Returns as `backward_bf16`."""
+    d_out_q, d_y_rows = d_out_rounded
     down, dgrad_weights, x_rows, gate, up, hidden = inputs
-    d_h = gemm.linear(gemm.mx_round(d_out_rows), down)
+    d_h = gemm.linear(d_out_q, down)
     return _backward_tail(
-        d_h, d_out_rows, rw_rows, x_rows, gate, up, hidden, dgrad_weights, gemm, limit, True
+        d_h, d_y_rows, rw_rows, x_rows, gate, up, hidden, dgrad_weights, gemm, limit, True
     )
 
 
 def _backward_tail(d_h, d_out, rw, x, gate, up, hidden, dgrad_weights, gemm, limit, mx):
     """Shared part of both backward modes, from the unscaled d_h = d_out @ W_down;
-    `dgrad_weights` = (W_gate^T, W_up^T) as `linear_sum` takes them ([E, H, I])."""
+    `dgrad_weights` = (W_gate^T, W_up^T) as `linear_sum` takes them ([E, H, I]). `d_out`: the
+    rows d_W_down reads, in MXFP8 already weighted and rounded (mx_round_d_out's second)."""
     w_gate_t, w_up_t = dgrad_weights
     unit = rw is None
     if unit:
@@ -305,7 +315,7 @@ def _backward_tail(d_h, d_out, rw, x, gate, up, hidden, dgrad_weights, gemm, lim
     dgrad_in = (gemm.mx_round(d_gate), gemm.mx_round(d_up)) if mx else (d_gate, d_up)
     dgrad_terms = ((dgrad_in[0], w_gate_t), (dgrad_in[1], w_up_t))
     d_x = gemm.linear_sum(dgrad_terms).to(torch.bfloat16)
-    weight_grads = WeightGrads(gemm, (d_gate, d_up, d_out), None if unit else rw, x,
+    weight_grads = WeightGrads(gemm, (d_gate, d_up, d_out), x,
                                scaled[0] if scale_hidden else hidden, mx)  # fmt: skip
     return (d_x, d_router_weight, d_gate, d_up, d_hidden), weight_grads
 
@@ -313,13 +323,14 @@ def _backward_tail(d_h, d_out, rw, x, gate, up, hidden, dgrad_weights, gemm, lim
 class WeightGrads:
     """The weight gradients (d_W_gate, d_W_up, d_W_down) bf16 of one backward, computed when
     called. `hidden` is d_W_down's other operand: in BF16 hidden's rows already scaled by the
-    router weights (the SwiGLU backward writes them), in MXFP8 hidden itself. `prepare()` runs
-    the elementwise passes the MXFP8 inputs need first (the row-blocked roundings, d_out's of
-    its rows scaled by the router weights), so a pass can enqueue those beside a background
-    exchange and the GEMMs after it; calling prepares whatever is not yet."""
+    router weights (the SwiGLU backward writes them), in MXFP8 hidden itself; in MXFP8 the
+    d_out in `grads` is d_W_down's rounded operand as mx_round_d_out gives it. `prepare()` runs
+    the elementwise passes the MXFP8 inputs need first (the row-blocked roundings of d_gate and
+    d_up), so a pass can enqueue those beside a background exchange and the GEMMs after it;
+    calling prepares whatever is not yet."""
 
-    def __init__(self, gemm, grads, rw, x, hidden, mx: bool):
-        self.gemm, self.grads, self.rw, self.mx = gemm, grads, rw, mx
+    def __init__(self, gemm, grads, x, hidden, mx: bool):
+        self.gemm, self.grads, self.mx = gemm, grads, mx
         self.x, self.hidden = x, hidden
         self._inputs = None
 
@@ -327,10 +338,9 @@ class WeightGrads:
         if self._inputs is not None:
             return
         d_gate, d_up, d_out = self.grads
-        if self.mx:  # q_T(bf16(rw * d_out)); rw None: unit weights (the shared expert)
+        if self.mx:  # d_out is q_T(bf16(rw * d_out)) already
             rounded = tuple(self.gemm.mx_round_rows(t) for t in (d_gate, d_up))
-            d_y = self.gemm.mx_round_rows(d_out, self.rw)
-            self._inputs = (*rounded, d_y, self.hidden)
+            self._inputs = (*rounded, d_out, self.hidden)
             return
         self._inputs = (d_gate, d_up, d_out.to(torch.bfloat16), self.hidden)
 

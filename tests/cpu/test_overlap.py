@@ -45,6 +45,12 @@ class RecordingEngine:
         rounded = experts.MaskedGemms(gemm.row_expert, gemm.num_experts).mx_round_both(rows)
         return lambda: rounded
 
+    def pull_rounded_rows(self, name, schedule, gemm, rw, background=False, *, sync=(True, True)):
+        rows = self.pull(name, schedule, background, sync=sync)
+        unlogged = experts.MaskedGemms(gemm.row_expert, gemm.num_experts)
+        rounded = experts.mx_round_d_out(unlogged, rows, rw)
+        return lambda: rounded
+
     def pull_router_weights(self, schedule, background=False, *, sync=(True, True)):
         self._exchange("pull router weights", background)
         self.barriers += sum(sync)
@@ -92,6 +98,10 @@ class LoggedGemms(experts.MaskedGemms):
     def scale_rows(self, x, weight):
         self.engine.log.append(("routed scale_rows", self.engine.pending))
         return super().scale_rows(x, weight)
+
+    def mx_round_rows(self, t, row_weight=None):
+        self.engine.log.append(("routed mx_round_rows", self.engine.pending))
+        return super().mx_round_rows(t, row_weight)
 
     def swiglu_backward(self, d_h, rw, gate, up, hidden, limit, *, scale_hidden=False):
         self.engine.log.append((f"routed swiglu_backward scale_hidden={scale_hidden}", False))
@@ -146,8 +156,8 @@ def test_backward_exchanges_overlap_a_large_shared_expert_only():
     exchanges = [(kind, bg) for kind, bg in _run_step(large).log if not kind.startswith("routed")]
     backgrounds = [kind for kind, bg in exchanges if bg]
     assert backgrounds == [  # the backward's exchanges; the forward gained nothing (moe.py)
-        "pull d_y_buffer",
         "pull router weights",
+        "pull d_y_buffer",
         "push d_x_routed_buffer",
         "push d_router_weight_buffer",
     ]
@@ -161,21 +171,23 @@ def test_mxfp8_pulls_run_beside_the_dequantization():
     (backward: 7) are dequantized; the routed GEMMs wait for the join (LoggedGemms checks)."""
     log = _run_step(None, mxfp8=True).log
     backgrounds = [kind for kind, bg in log if bg and not kind.startswith("routed")]
-    assert backgrounds == ["pull x_buffer", "pull d_y_buffer", "pull router weights"]
+    assert backgrounds == ["pull x_buffer", "pull router weights", "pull d_y_buffer"]
     beside = [kind for kind, pending in log if kind == "routed dequantize" and pending]
     assert len(beside) == 3 + 7
 
 
 def test_routed_wgrad_inputs_are_prepared_beside_the_push():
-    """MXFP8: the router-weighted d_out rows (and their rounding) are computed while the
-    background push runs (the comm stream's fork is pending), the routed weight-gradient GEMMs
-    only after it joined."""
+    """MXFP8: the row-blocked roundings of d_gate and d_up are computed while the background
+    push runs (the comm stream's fork is pending), the routed weight-gradient GEMMs only after
+    it joined; d_out's router-weighted rounding comes with its pull (no routed step)."""
     log = _run_step(moe.MIN_SHARED_INTER_PER_TOPK, mxfp8=True).log
     kinds = [kind for kind, _ in log]
-    scale = kinds.index("routed scale_rows")
-    assert log[scale] == ("routed scale_rows", True)
-    assert kinds.index("push d_x_routed_buffer") < scale < kinds.index("routed weight_grads")
-    assert "join" in kinds[scale : kinds.index("routed weight_grads")]
+    roundings = [i for i, kind in enumerate(kinds) if kind == "routed mx_round_rows"]
+    assert [log[i] for i in roundings] == [("routed mx_round_rows", True)] * 2
+    assert kinds.index("push d_x_routed_buffer") < roundings[0]
+    assert roundings[-1] < kinds.index("routed weight_grads")
+    assert "join" in kinds[roundings[-1] : kinds.index("routed weight_grads")]
+    assert "routed scale_rows" not in kinds
 
 
 def test_bf16_hidden_rows_are_scaled_by_the_swiglu_backward():
