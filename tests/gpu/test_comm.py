@@ -155,6 +155,35 @@ def test_pull_round_is_the_pull_then_the_rounding(shape, kind, ctas, seed, works
     check_calls(ws, kind, shape[3], gen, one_call)
 
 
+@pytest.mark.parametrize("ctas", [None, 3], ids=["cta-per-tile", "3-ctas"])
+@pytest.mark.parametrize("kind", ROUTINGS)
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+def test_pull_round_rows_is_the_pull_then_both_roundings(shape, kind, ctas, seed, workspaces):
+    """The MXFP8 backward's d_out pull in one pass (cuda_comm_mxfp8.pull_round_rows) against
+    pull_rows followed by mxfp8_round and mxfp8_round_rows with the router weights as row
+    scales, bit for bit, on the rows below num_tokens."""
+    ws, gen, rng = ws_and_draws(workspaces, seed, "pull_round_rows", shape, kind, ctas)
+
+    def one_call(call: int, sched: tuple[torch.Tensor, ...]) -> list[str | None]:
+        ws.d_y_buffer.copy_(random_rows(tuple(ws.d_y_buffer.shape), torch.bfloat16, gen))
+        weights = random_rows((sched[0].shape[0],), torch.float32, gen)
+        skew(rng)
+        values, rounded_rows = cuda_comm_mxfp8.pull_round_rows(
+            ws, "d_y_buffer", sched, weights, num_ctas=ctas
+        )
+        rows = cuda_comm.pull_rows(ws, "d_y_buffer", sched)
+        want = cuda.mxfp8_round(rows)[0]
+        want_rows = cuda.mxfp8_round_rows(rows, row_scale=weights)
+        live = int(sched[2].item())
+        what = f"pull_round_rows call {call}"
+        return [
+            bit_mismatch(f"{what}: rounded", values[:live], want[:live]),
+            bit_mismatch(f"{what}: rounded rows", rounded_rows[:live], want_rows[:live]),
+        ]
+
+    check_calls(ws, kind, shape[3], gen, one_call)
+
+
 @pytest.mark.parametrize("kind", ROUTINGS)
 @pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
 def test_pull_round_rebased_rows(shape, kind, seed, workspaces):
@@ -325,12 +354,19 @@ def test_rejects_bad_arguments(workspaces):
         cuda_comm_mxfp8.pull_round(ws, "x_buffer", odd)
     with pytest.raises(ValueError, match="num_ctas"):
         cuda_comm_mxfp8.pull_round(ws, "x_buffer", sched, num_ctas=0)
+    with pytest.raises(ValueError, match="row_weights"):
+        cuda_comm_mxfp8.pull_round_rows(ws, "d_y_buffer", sched, torch.ones(256, device="cuda")[1:])
     module = _extension.module_for_device(ws.device)
     big = 1 << 20
     with pytest.raises(ValueError, match="multiples of 128"):
         module.comm_pull_round(big, big, big, big, 256, 100, 1, 1, 1, big, big, big, 0, 0)
     with pytest.raises(ValueError, match="ctas"):
         module.comm_pull_round(big, big, big, big, 256, 128, 1, 1, 1, big, big, big, -1, 0)
+    pair_and_rows = (big, big, big, big, 256, 128, 1, 1, 1, big, big, big, 0, 0)
+    with pytest.raises(ValueError, match="not both or neither"):
+        module.comm_pull_round(*pair_and_rows, rounded_rows=big, row_scale=big)
+    with pytest.raises(ValueError, match="both be given"):
+        module.comm_pull_round(*pair_and_rows[:10], 0, 0, 0, 0, rounded_rows=big)
     with pytest.raises(ValueError, match="row_bytes"):
         module.comm_pull_rows(
             1 << 20, 1 << 20, 1 << 20, 1 << 20, 1 << 20, 256, 6, 1, 1, 1, 1, True, 0
