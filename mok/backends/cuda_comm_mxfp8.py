@@ -61,22 +61,9 @@ def pull_round(
             "src_exponents": cuda_rebased.row_exponents(source).data_ptr(),
             "row_exponents": storage.data_ptr(),
         }
-    run_pull(
-        ws,
-        "comm_pull_round",
-        source_buffer_name,
-        schedule_rows,
-        (sync_before, sync_after),
-        rows=rows,
-        cols=cols,
-        src_rows=source.shape[0],
-        divisor=ws.topk,
-        rounded=values.data_ptr(),
-        out_t=data_t.data_ptr(),
-        scale_t=scale_t.data_ptr(),
-        ctas=num_ctas or 0,
-        **exponents,
-    )
+    sync = (sync_before, sync_after)
+    _run_pull_round(ws, (source_buffer_name, source), schedule_rows, sync, num_ctas, values,
+                    out_t=data_t.data_ptr(), scale_t=scale_t.data_ptr(), **exponents)  # fmt: skip
     if rebased:
         values = cuda_rebased.RebasedRows(values, storage[:rows])
     return values, (data_t, scale_t)
@@ -100,28 +87,35 @@ def pull_round_rows(
     routed rows' router weights (`pull_router_weights`), read on the device, so enqueue it on
     this stream before. Sizes, `num_ctas` and barriers as in `pull_round`."""
     source, schedule_rows, (rows, cols) = _tiled_pull(ws, source_buffer_name, schedule, num_ctas)
-    check_tensor("row_weights", row_weights, dtype=torch.float32, shape=[rows],
-                      device=ws.device)  # fmt: skip
+    check_tensor("row_weights", row_weights, dtype=torch.float32, shape=[rows], device=ws.device)
     values = torch.empty((rows, cols), dtype=torch.bfloat16, device=ws.device)
     rounded_rows = torch.empty_like(values)
+    sync = (sync_before, sync_after)
+    _run_pull_round(ws, (source_buffer_name, source), schedule_rows, sync, num_ctas, values,
+                    out_t=0, scale_t=0, rounded_rows=rounded_rows.data_ptr(),
+                    row_scale=row_weights.data_ptr())  # fmt: skip
+    return values, rounded_rows
+
+
+def _run_pull_round(ws, named_source, schedule_rows, sync, num_ctas, values, **outputs):
+    """One comm_pull_round launch from `named_source` = (buffer name, buffer) into `values`
+    ([C, H]) and the other `outputs` (addresses)."""
+    source_buffer_name, source = named_source
+    rows, cols = values.shape
     run_pull(
         ws,
         "comm_pull_round",
         source_buffer_name,
         schedule_rows,
-        (sync_before, sync_after),
+        sync,
         rows=rows,
         cols=cols,
         src_rows=source.shape[0],
         divisor=ws.topk,
         rounded=values.data_ptr(),
-        out_t=0,
-        scale_t=0,
         ctas=num_ctas or 0,
-        rounded_rows=rounded_rows.data_ptr(),
-        row_scale=row_weights.data_ptr(),
+        **outputs,
     )
-    return values, rounded_rows
 
 
 def _tiled_pull(ws: MoKWorkspace, source_buffer_name: str, schedule, num_ctas):
