@@ -15,6 +15,7 @@ weights' transposed pairs, linear_mx to fp32 and linear_mx_sum).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Sequence
 
@@ -334,45 +335,37 @@ class CudaEngine:
                 self.ws, name, schedule, out, **self._pull_options(sync, ctas)
             )
 
-    def pull_rounded(
-        self, name: str, schedule, gemm, background: bool = False, *, sync=(True, True)
-    ):
+    def pull_rounded(self, name: str, schedule, gemm, background=False, *, sync=(True, True)):
         """A callable giving `gemm.mx_round_both` of `self.pull(name, schedule)`'s rows; call
-        it after the join. In the foreground it pulls and rounds in one pass (one kernel,
-        cuda_comm_mxfp8; the routed GEMM engines here round as it does, CudaMxfp8), so the
-        pulled bf16 rows are never stored and read back; at EP 1, for an engine whose GEMMs
-        read them (`reads_rebased_rows`), as f16 rows rebased per row (cuda_rebased.RebasedRows).
-        In the background (beside an engine's weight dequantization) it pulls on a few CTAs
-        and rounds when called: the one-pass kernel on a limited grid was 0.2-0.5 ms slower
-        there (NOTES v10)."""
-        if self.ws.ep_size == 1 or not background:
-            before, after = sync
-            rebased = self.ws.ep_size == 1 and getattr(gemm, "reads_rebased_rows", False)
-            rounded = cuda_comm_mxfp8.pull_round(
-                self.ws, name, schedule, sync_before=before, sync_after=after, rebased=rebased
-            )
-            return lambda: rounded
-        rows = self.pull(name, schedule, background, sync=sync)
-        return lambda: gemm.mx_round_both(rows)
+        it after the join. At EP 1 or in the foreground one kernel (cuda_comm_mxfp8; the GEMM
+        engines here round as it does, CudaMxfp8) pulls and rounds, so the pulled rows are never
+        stored; at EP 1, for GEMMs that read them (`reads_rebased_rows`), as f16 rows rebased per
+        row (cuda_rebased.RebasedRows). In the background (beside weight dequantization) it pulls
+        on a few CTAs and rounds when called: the one-pass kernel on a limited grid was 0.2-0.5
+        ms slower there (NOTES v10)."""
+        rebased = self.ws.ep_size == 1 and getattr(gemm, "reads_rebased_rows", False)
+        fused = functools.partial(cuda_comm_mxfp8.pull_round, rebased=rebased)
+        return self._pull_rounding(fused, gemm.mx_round_both, name, schedule, background, sync)
 
-    def pull_rounded_rows(
-        self, name: str, schedule, gemm, row_weights, background: bool = False, *,
-        sync=(True, True),
-    ):  # fmt: skip
-        """A callable giving `mx_round_d_out(gemm, rows, row_weights)` of
-        `self.pull(name, schedule)`'s rows; call it after the join. Where `pull_rounded` pulls
-        and rounds in one pass, so does this (cuda_comm_mxfp8.pull_round_rows, after a join:
-        it reads `row_weights`, which a background pull may be writing); elsewhere it pulls on
-        a few CTAs and rounds when called."""
+    def pull_rounded_rows(self, name: str, schedule, gemm, row_weights, background=False, *,
+                          sync=(True, True)):  # fmt: skip
+        """A callable giving `mx_round_d_out(gemm, rows, row_weights)` of `self.pull(name,
+        schedule)`'s rows, as `pull_rounded` (its one pass: cuda_comm_mxfp8.pull_round_rows)."""
+        fused = functools.partial(cuda_comm_mxfp8.pull_round_rows, row_weights=row_weights)
+        rounding = functools.partial(mx_round_d_out, gemm, rw_rows=row_weights)
+        return self._pull_rounding(fused, rounding, name, schedule, background, sync)
+
+    def _pull_rounding(self, fused, rounding, name, schedule, background, sync):
+        """`fused(ws, name, schedule, ...)` (the pull and its roundings in one pass) at EP 1 or
+        in the foreground, after a join (it may read what a background exchange writes); else
+        `self.pull` now and `rounding(rows)` when the returned callable is called."""
         if self.ws.ep_size == 1 or not background:
             self.join()
             before, after = sync
-            rounded = cuda_comm_mxfp8.pull_round_rows(
-                self.ws, name, schedule, row_weights, sync_before=before, sync_after=after
-            )
+            rounded = fused(self.ws, name, schedule, sync_before=before, sync_after=after)
             return lambda: rounded
         rows = self.pull(name, schedule, background, sync=sync)
-        return lambda: mx_round_d_out(gemm, rows, row_weights)
+        return lambda: rounding(rows)
 
     def pull_router_weights(self, schedule, background: bool = False, *, sync=(True, True)):
         out = self.ws.router_weight_buffer.new_empty(schedule[0].shape[0])
