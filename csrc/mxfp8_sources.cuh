@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "common/fast_divide.cuh"
 #include "common/mxfp8_tile.cuh"
 #include "common/swiglu_math.cuh"
 #include "mxfp8.h"
@@ -39,6 +40,7 @@ struct Params {
   Pair up_q;
   const int32_t* used_rows;  // non-null: tiles at or past *used_rows are skipped
   GatherArgs gather;         // GatherSource: where row i of the input comes from
+  FastDivisor divisor;       // GatherSource: gather.divisor's
   int64_t rows;
   int64_t cols;
   int tiles_m;
@@ -94,7 +96,6 @@ struct RegisterRows {
 // The tile's rows as they are in x.
 struct LoadSource : RegisterRows {
   static constexpr bool kInTurns = false;
-  static constexpr bool kRowTilesFirst = false;  // locate_tile's order: n fastest
   // The rows-rounding form held to 4 (64 registers, as before its packed path took it to 71).
   template <int kLayouts>
   static constexpr int kMinCtas = kLayouts == kRoundedRows ? 4 : 0;
@@ -127,32 +128,34 @@ struct ScaledLoadSource : LoadSource {
 // kernel.
 struct GatherSource : RegisterRows {
   static constexpr bool kInTurns = true;
-  // Every row tile of a 128-column block before the next block: a source row is read by up to
-  // `divisor` routed rows spread over the whole schedule, and with the columns outermost the
-  // CTAs resident at once share one block's columns of the source (a few MB, held in L2 between
-  // its reads) instead of whole rows (all of x, evicted by the pass's stores: 13% L2 read hits
-  // on the Qwen3.5-like forward, NOTES v32).
-  static constexpr bool kRowTilesFirst = true;
   // The rebased gather: 4 (64 registers); left alone it took 80 and ran 20-30% slower (1x
   // H200, NOTES v17, v18). The plain one: 5 (48 registers, no spills since its packed rounding;
   // 63 and 4 CTAs left alone): 0.236 -> 0.227 ms on the Qwen3.5-like forward (NOTES v25).
   template <int kLayouts>
   static constexpr int kMinCtas = (kLayouts & kRebased) != 0 ? 4 : 5;
   uint32_t exponent[kPasses];  // kRebased: each pass's row's exponent byte (0: padding)
+  int row0;
+  int chunk_index;
 
-  __device__ GatherSource(const Params& p, const Tile& t, int row0, int chunk) {
+  __device__ GatherSource(int row0_, int chunk) : row0(row0_), chunk_index(chunk) {}
+
+  // Loads this thread's row chunks of tile t.
+  __device__ void load_rows(const Params& p, const Tile& t) {
 #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
-      const int64_t source = source_index(p, t.m0 + pass * kRowsPerPass + row0);
+      const int64_t row = t.m0 + pass * kRowsPerPass + row0;
+      const int rank = p.gather.peer_rank[row];
+      const int64_t source = source_index(p, rank, p.gather.peer_token_idx[row]);
       const bool rebased = p.gather.src_exponents != nullptr;
       exponent[pass] = rebased && source >= 0 ? p.gather.src_exponents[source] : 0u;
-      const uint16_t* row = source_row(p, t.m0 + pass * kRowsPerPass + row0, source);
-      if (row == nullptr) {
+      if (source < 0) {
 #pragma unroll
         for (int i = 0; i < kWordsPerChunk; ++i) w[pass][i] = 0u;
         continue;
       }
-      const uint4* src = reinterpret_cast<const uint4*>(row + t.n0 + chunk * kChunk);
+      const uint16_t* src_row =
+          reinterpret_cast<const uint16_t*>(p.gather.src_table[rank]) + source * p.cols;
+      const uint4* src = reinterpret_cast<const uint4*>(src_row + t.n0 + chunk_index * kChunk);
       const uint4 a = src[0];
       const uint4 b = src[1];
       const uint32_t v[kWordsPerChunk] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
@@ -162,19 +165,12 @@ struct GatherSource : RegisterRows {
   }
 
  private:
-  // Routed row `row`'s source row on its rank, -1 for none.
-  __device__ static int64_t source_index(const Params& p, int64_t row) {
+  // The source row of an entry on its rank, -1 for none.
+  __device__ static int64_t source_index(const Params& p, int rank, int32_t index) {
     const GatherArgs& g = p.gather;
-    const int rank = g.peer_rank[row];
-    const int32_t index = g.peer_token_idx[row];
-    if (rank < 0 || rank >= g.ep || index < 0 || index / g.divisor >= g.src_rows) return -1;
-    return index / g.divisor;
-  }
-
-  __device__ static const uint16_t* source_row(const Params& p, int64_t row, int64_t source) {
-    if (source < 0) return nullptr;
-    const uint64_t base = p.gather.src_table[p.gather.peer_rank[row]];
-    return reinterpret_cast<const uint16_t*>(base) + source * p.cols;
+    if (rank < 0 || rank >= g.ep || index < 0) return -1;
+    const int64_t source = p.divisor.divide(index);
+    return source < g.src_rows ? source : -1;
   }
 };
 
@@ -190,8 +186,10 @@ struct ScaledGatherSource : GatherSource {
   static constexpr bool kScalesColumns = true;
   float weight[kPasses];
 
-  __device__ ScaledGatherSource(const Params& p, const Tile& t, int row0, int chunk)
-      : GatherSource(p, t, row0, chunk) {
+  using GatherSource::GatherSource;
+
+  __device__ void load_rows(const Params& p, const Tile& t) {
+    GatherSource::load_rows(p, t);
 #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
       weight[pass] = row_weight(p, t, pass * kRowsPerPass + row0);
@@ -213,7 +211,6 @@ struct ScaledGatherSource : GatherSource {
 template <bool kLimit>
 struct SwigluSource {
   static constexpr bool kInTurns = false;
-  static constexpr bool kRowTilesFirst = false;
   static constexpr bool kScalesColumns = false;
   // 3 (80 registers): without the clamp's per-element work (kLimit false) ptxas took 86,
   // which leaves 2 CTAs per SM.

@@ -42,18 +42,11 @@ struct Tile {
   int n_tile;
 };
 
-// Tile `id` of [experts, tiles_m, tiles_n] tiles, n fastest, or, with `m_fastest`, of
-// [experts, tiles_n, tiles_m] tiles.
-__device__ __forceinline__ Tile locate_tile(int64_t id, int tiles_m, int tiles_n,
-                                            bool m_fastest) {
+// Tile `id` of [experts, tiles_m, tiles_n] tiles, n fastest.
+__device__ __forceinline__ Tile locate_tile(int64_t id, int tiles_m, int tiles_n) {
   Tile t;
-  if (m_fastest) {
-    t.m_tile = static_cast<int>(id % tiles_m);
-    t.n_tile = static_cast<int>((id / tiles_m) % tiles_n);
-  } else {
-    t.n_tile = static_cast<int>(id % tiles_n);
-    t.m_tile = static_cast<int>((id / tiles_n) % tiles_m);
-  }
+  t.n_tile = static_cast<int>(id % tiles_n);
+  t.m_tile = static_cast<int>((id / tiles_n) % tiles_m);
   t.expert = id / (static_cast<int64_t>(tiles_n) * tiles_m);
   t.m0 = static_cast<int64_t>(t.m_tile) * kTile;
   t.n0 = static_cast<int64_t>(t.n_tile) * kTile;

@@ -65,6 +65,7 @@ EXTENSION_HEADERS = [
     "csrc/api/schedule.hpp",
     "csrc/comm.h",
     "csrc/common/cuda_check.hpp",
+    "csrc/common/fast_divide.cuh",
     "csrc/common/flags.cuh",
     "csrc/common/mxfp8_format.hpp",
     "csrc/common/mxfp8_math.cuh",
