@@ -236,12 +236,14 @@ struct SwigluSource {
                         uint32_t (&out)[kWordsPerChunk], Shared& s) {
     uint32_t(&gate)[kWordsPerChunk] = g[pass % kSlots];
     uint32_t(&up)[kWordsPerChunk] = u[pass % kSlots];
-    const bool used = t.m0 + row < *p.num_tokens;
+    // Rows at or past num_tokens are zero: masked rather than skipped, which compiled to a
+    // branch around every word's math (three instructions a word).
+    const uint32_t keep = t.m0 + row < *p.num_tokens ? ~0u : 0u;
 #pragma unroll
     for (int i = 0; i < kWordsPerChunk; ++i) {
       const float lo = swiglu_value(bf16_lo(gate[i]), bf16_lo(up[i]), p);
       const float hi = swiglu_value(bf16_hi(gate[i]), bf16_hi(up[i]), p);
-      out[i] = used ? pack_bf16x2(lo, hi) : 0u;
+      out[i] = pack_bf16x2(lo, hi) & keep;
     }
     const int64_t offset = chunk_offset(p, t, row, chunk);
     const int e_gate = row_chunk_scale(gate).e;
