@@ -199,6 +199,17 @@ def test_sources_are_compiled_from_one_fixed_path(tmp_path):
     assert not stage.exists()
 
 
+def test_serialized_wgmma_fails_the_build():
+    serialized = (
+        "ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are "
+        "serialized due to insufficient register resources for the function 'k'"
+    )
+    with pytest.raises(compile_steps.CompileError, match="C7512.*serialized"):
+        compile_steps.check_diagnostics("sm_90a nvcc csrc/gemm/linear_mx.cu", serialized)
+    plain = "ptxas info    : Used 80 registers"
+    compile_steps.check_diagnostics("sm_90a nvcc csrc/mxfp8.cu", plain)
+
+
 def test_source_date_epoch_has_a_fixed_default():
     assert archive.source_date_epoch({}) == archive.DEFAULT_EPOCH
     assert archive.source_date_epoch({"SOURCE_DATE_EPOCH": "42"}) == 42

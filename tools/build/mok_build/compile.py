@@ -31,6 +31,21 @@ class CompileError(RuntimeError):
     """A compiler command failed; the message carries the command and its output."""
 
 
+# ptxas diagnostics that fail the build although ptxas succeeded: each makes a kernel far slower
+# with nothing else to show for it.
+FATAL_DIAGNOSTICS = {
+    "C7512": "ptxas serialized a kernel's wgmma instructions (too few registers for the "
+    "accumulators in flight): its tensor cores would wait on every instruction",
+}
+
+
+def check_diagnostics(label: str, text: str) -> None:
+    """Raises CompileError when a compiler's output holds one of FATAL_DIAGNOSTICS."""
+    for code, meaning in FATAL_DIAGNOSTICS.items():
+        if f"({code})" in text:
+            raise CompileError(f"{label}: {code}: {meaning}\n{text}")
+
+
 # The fixed real path the sources are compiled from (see the module docstring).
 STAGE_ROOT = Path("/tmp/mok-build-sources")
 
@@ -182,6 +197,7 @@ def run_step(step: Step, cfg: BuildConfig, progress: Progress) -> Path:
             f"{step.label} failed (exit {result.returncode})\n$ {' '.join(step.argv)}\n"
             f"{result.stdout}{result.stderr}"
         )
+    check_diagnostics(step.label, result.stdout + result.stderr)
     progress.finished(step, time.monotonic() - begin, result.stdout + result.stderr)
     return step.output
 
