@@ -155,16 +155,15 @@ def test_padding_rows_and_repeats(seed):
     assert (want[256:512] == 0).all()
 
 
-@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("kind", ["kind4", "kind7", "kind0"])
 @pytest.mark.parametrize("used", [1, 37, 64, 65, 128, 129, 255, 256 + 37])
-def test_partly_used_last_tiles_give_the_whole_tiles_bits(used, out_dtype, seed):
-    """A segment whose row sources end its routed rows inside a 256-row tile (TMA's zero fill
-    past them, the tile's rows past them not stored): its rows must have the bits of the same
-    segment computed whole with zero rows there, and the padding rows must be zero, for bf16
-    (kind 4) and fp32 (kind 7) outputs. The guard for any narrower handling of such tiles
-    (benchmarks/NOTES.md v37)."""
+def test_partly_used_last_tiles_give_the_whole_tiles_bits(used, kind, seed):
+    """A segment whose row sources end its routed rows inside a tile, NaN in its padding rows:
+    the tile reads and stores all of its rows, so the padding rows must be zeroed after it, and
+    the routed rows must have the bits of the same segment computed whole with zero rows there
+    (kind 4: bf16 D, kind 7: fp32 D, kind 0: the bf16 GEMM on the dequantized weight)."""
     rows, k, n = [512, 256], 512, 384
-    gen = case_generator(("partly used", used, str(out_dtype)), seed)
+    gen = case_generator(("partly used", used, kind), seed)
     total = sum(rows)
     counts = torch.tensor(rows, dtype=torch.int32, device="cuda")
     source = torch.zeros(total, dtype=torch.int32, device="cuda")
@@ -172,11 +171,18 @@ def test_partly_used_last_tiles_give_the_whole_tiles_bits(used, out_dtype, seed)
     a = torch.randn((total, k), generator=gen, device="cuda").bfloat16()
     clean = torch.where(source[:, None] < 0, 0.0, a.float()).bfloat16()
     poisoned = torch.where(source[:, None] < 0, float("nan"), a.float()).bfloat16()
-    weight, _ = _weight(gen, len(rows), n, k, spread=4)
-    want = cuda_gemm.linear_mx(clean, [weight], counts, out_dtype=out_dtype)[0]
-    got = cuda_gemm.linear_mx(poisoned, [weight], counts, source, out_dtype=out_dtype)[0]
+    weight, values = _weight(gen, len(rows), n, k, spread=4)
+
+    def linear(x, row_source=None):
+        if kind == "kind0":
+            return cuda_gemm.linear(x, [values], counts, row_source)[0]
+        dtype = torch.float32 if kind == "kind7" else torch.bfloat16
+        return cuda_gemm.linear_mx(x, [weight], counts, row_source, out_dtype=dtype)[0]
+
+    want = linear(clean)
+    got = linear(poisoned, source)
+    assert (got[used:512] == 0).all(), "padding rows must be zero"
     assert torch.equal(got, want)
-    assert (got[used:512] == 0).all()
 
 
 def test_bad_arguments_raise_before_any_launch():
