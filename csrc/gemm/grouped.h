@@ -4,9 +4,8 @@
 // local expert (multiples of 256, read on the device), so a launch needs no host sync. One
 // launch may cover two operand sets (gate and up): groups = sets * experts (one per expert
 // where the two sets are one reduction's halves, kLinearTransposedPair). Given the schedule's
-// row sources, a segment's trailing padding rows (source -1, zero rows) get no tiles past the
-// one that holds its last routed row (which reads and stores all of its rows): the linear
-// kinds zero them after the GEMM, the weight gradient leaves them out of its sum.
+// row sources, a segment's trailing padding rows (source -1, zero rows) get no tiles: the
+// linear kinds write them as zeros, the weight gradient leaves them out of its sum.
 #pragma once
 
 #include <cuda_runtime_api.h>

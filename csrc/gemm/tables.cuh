@@ -242,11 +242,9 @@ __device__ __forceinline__ void* output(const GroupedArgs& args, int index) {
   return index < kMaxSets ? args.sets[index].d : args.hidden;
 }
 
-// Zeroes the D rows no routed row feeds, in 16-byte vectors, for output blockIdx.y: each
+// Zeroes the D rows no tile computes, in 16-byte vectors, for output blockIdx.y: each
 // segment's padding rows [row0 + used, row0 + rows) and, when total_rows > 0, the rows from the
-// last segment's end to total_rows. Launched after the GEMM: a segment's last, partly used
-// tile reads and stores all of its rows as the operands hold them (the descriptors' bounds are
-// the tensors', not the group's), so its padding rows are zeroed over what it stored. `used` is per group: expert e's first group is
+// last segment's end to total_rows. `used` is per group: expert e's first group is
 // e * sets_per_expert (group_index), and every group of an expert has its segment's count. A
 // template (not `static`) so the kernel has one name in every translation unit, whatever the
 // build path.
@@ -277,15 +275,7 @@ cudaError_t fill_tables(const GroupedArgs& args, const Tables& tables, int group
   if constexpr (is_weight_grad(kKind)) {
     zero_empty_experts_kernel<typename Tables::ElementOut>
         <<<dim3(64, groups), 256, 0, stream>>>(args, tables.used);
-  }
-  return cudaGetLastError();
-}
-
-// After the GEMM: the linear kinds' rows that no routed row feeds (zero_uncomputed_rows_kernel).
-template <Kind kKind, class Tables>
-cudaError_t zero_uncomputed_rows(const GroupedArgs& args, const Tables& tables, int groups,
-                                 cudaStream_t stream) {
-  if (!is_weight_grad(kKind) && (args.row_source != nullptr || args.total_rows > 0)) {
+  } else if (args.row_source != nullptr || args.total_rows > 0) {
     const int64_t row_bytes = args.n * static_cast<int64_t>(sizeof(typename Tables::ElementOut));
     const int outputs = pairs_along_k(kKind) ? 1
                         : kKind == Kind::kLinearSwiGLU   ? kMaxSets + 1

@@ -3,11 +3,10 @@
 Every GEMM runs over the schedule's expert segments: `rows[e]` (the schedule's padded
 `tokens_per_expert`, on the device) consecutive routed rows per local expert, so no launch reads
 a size on the host. Two operand sets of one shape (gate and up) share a launch. Given the
-schedule's `peer_rank` as `row_source`, a segment's trailing padding rows (-1) get no tiles past
-the one holding its last routed row: the linear kinds zero them after the GEMM (whatever the
-inputs hold there) and the weight gradients leave them out, which changes no bit where those
-rows are zero (as the schedule's routed buffers are); at ~2048 rows per expert the 256-row
-padding is ~6% of the rows. Modules built for other architectures have no
+schedule's `peer_rank` as `row_source`, a segment's trailing padding rows (-1) get no tiles: the
+linear kinds write them as zeros and the weight gradients leave them out, which changes no bit
+where those rows are zero (as the schedule's routed buffers are); at ~2048 rows per expert the
+256-row padding is ~6% of the rows. Modules built for other architectures have no
 such kernels (`available()` is False): callers use torch there.
 """
 
