@@ -210,6 +210,22 @@ def test_serialized_wgmma_fails_the_build():
     compile_steps.check_diagnostics("sm_90a nvcc csrc/mxfp8.cu", plain)
 
 
+def test_a_compile_step_that_prints_c7512_fails(tmp_path):
+    """run_step applies the check: a compiler that succeeds but reports serialized wgmma (here
+    a shell standing in for nvcc) fails the build; the same compiler quiet passes."""
+    cfg = compile_steps.BuildConfig(root=tmp_path, build_dir=tmp_path, version="0", git_commit="x",
+                                    jobs=1)  # fmt: skip
+    progress = compile_steps.Progress(2, write=lambda line: None)
+
+    def step(message: str) -> compile_steps.Step:
+        argv = ("/bin/sh", "-c", f"echo '{message}' >&2")
+        return compile_steps.Step("sm_90a nvcc fake.cu", argv, tmp_path / "fake.o")
+
+    with pytest.raises(compile_steps.CompileError, match="C7512"):
+        compile_steps.run_step(step("ptxas info    : (C7512) serialized"), cfg, progress)
+    compile_steps.run_step(step("ptxas info    : Used 80 registers"), cfg, progress)
+
+
 def test_source_date_epoch_has_a_fixed_default():
     assert archive.source_date_epoch({}) == archive.DEFAULT_EPOCH
     assert archive.source_date_epoch({"SOURCE_DATE_EPOCH": "42"}) == 42
