@@ -202,3 +202,42 @@ def test_bad_arguments_raise_before_any_launch():
     with pytest.raises(ValueError, match="must be 0 except for kinds 4 and 6-9"):
         cuda_gemm._launch(cuda_gemm.Kind.LINEAR, [(a, data, out)], counts, 128, 128,
                           b_scales=[scales])  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["kind4", "kind7", "kind8"])
+def test_tail_split_gives_the_bits_of_one_launch(kind, seed, monkeypatch):
+    """A segment's last routed rows that fill at most half of a 256-row tile go to a second,
+    concurrent launch of 128-row tiles (MOK_MX_TAIL_SPLIT=1, the default): on segments ending
+    in every part of a tile, NaN in their padding rows, the bits must be those of one launch
+    (MOK_MX_TAIL_SPLIT=0), the padding rows zero."""
+    used = [1, 128, 129, 256, 300, 0, 2048 + 77, 511, 383]
+    rows = [-(-u // 256) * 256 for u in used]
+    k, n = 512, 384
+    gen = case_generator(("tail split", kind), seed)
+    counts = torch.tensor(rows, dtype=torch.int32, device="cuda")
+    sources = [[0] * u + [-1] * (r - u) for u, r in zip(used, rows, strict=True)]
+    source = torch.tensor(sum(sources, []), dtype=torch.int32, device="cuda")
+    padding = source[:, None] < 0
+
+    def rows_of(_):
+        a = torch.randn((sum(rows), k), generator=gen, device="cuda")
+        return torch.where(padding, float("nan"), a).bfloat16()
+
+    x, x2 = rows_of(0), rows_of(1)
+    (w1, _), (w2, _) = (_weight(gen, len(rows), n, k, spread=4) for _ in range(2))
+
+    def launch(split: str):
+        monkeypatch.setenv("MOK_MX_TAIL_SPLIT", split)
+        if kind == "kind8":
+            return [cuda_gemm.linear_mx_sum([(x, w1), (x2, w2)], counts, source)]
+        if kind == "kind7":
+            return cuda_gemm.linear_mx(x, [w1], counts, source, out_dtype=torch.float32)
+        return cuda_gemm.linear_mx(x, [w1, w2], counts, source)
+
+    whole = launch("0")
+    for split, one in zip(launch("1"), whole, strict=True):
+        assert (split[source < 0] == 0).all(), "padding rows must be zero"
+        assert torch.isfinite(split).all()
+        assert torch.equal(split, one)
+    with pytest.raises(ValueError, match="MOK_MX_TAIL_SPLIT must be one of 0, 1, got 'yes'"):
+        launch("yes")
