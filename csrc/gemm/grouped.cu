@@ -2,6 +2,7 @@
 #include "gemm/grouped.h"
 
 #if defined(MOK_ARCH_sm_90a)
+#include <initializer_list>
 #include <map>
 #include <memory>
 
