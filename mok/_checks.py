@@ -6,7 +6,6 @@ Dtype problems raise TypeError, shape/alignment/value problems ValueError (API.m
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 import torch
@@ -25,14 +24,6 @@ _DTYPE_NAMES = {
 
 def dtype_name(dtype: torch.dtype) -> str:
     return _DTYPE_NAMES.get(dtype, str(dtype).removeprefix("torch."))
-
-
-def env_choice(variable: str, allowed: tuple[str, ...], default: str) -> str:
-    """The environment variable's value, which must be one of `allowed` (`default` if unset)."""
-    choice = os.environ.get(variable, default)
-    if choice not in allowed:
-        raise ValueError(f"{variable} must be one of {', '.join(allowed)}, got {choice!r}")
-    return choice
 
 
 def describe(value: object) -> str:

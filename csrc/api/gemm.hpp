@@ -149,7 +149,7 @@ inline void grouped_gemm(int kind, uintptr_t a, uintptr_t b, uintptr_t d, uintpt
                          uintptr_t scratch, int64_t scratch_bytes, uintptr_t stream,
                          uintptr_t b_scale, uintptr_t b2_scale, uintptr_t hidden,
                          bool has_limit, float limit, uintptr_t a_exponent,
-                         uintptr_t b_exponent, uintptr_t b2_exponent, bool split_tail) {
+                         uintptr_t b_exponent, uintptr_t b2_exponent) {
   namespace check = gemm_checks;
   require_grouped_gemm();
   gemm::GroupedArgs args;
@@ -190,7 +190,6 @@ inline void grouped_gemm(int kind, uintptr_t a, uintptr_t b, uintptr_t d, uintpt
   check::require(sm_count >= 0, "`sm_count` must be >= 0 (0 = every SM), got " +
                                     std::to_string(sm_count));
   args.sm_count = sm_count;
-  args.split_tail = split_tail;
   check::require(scratch != 0 && scratch % 128 == 0,
                  "`scratch` must be a 128-byte aligned device address, got " +
                      std::to_string(scratch));
@@ -215,7 +214,6 @@ inline void bind_gemm(pybind11::module_& m) {
         py::arg("stream"), py::arg("b_scale") = 0, py::arg("b2_scale") = 0,
         py::arg("hidden") = 0, py::arg("has_limit") = false, py::arg("limit") = 0.0f,
         py::arg("a_exponent") = 0, py::arg("b_exponent") = 0, py::arg("b2_exponent") = 0,
-        py::arg("split_tail") = true,
         R"doc(Grouped GEMM over the schedule's expert segments on `stream` (asynchronous).
 
 `rows` int32 [experts]: padded rows per expert (device). Segment e starts at sum(rows[:e]).
@@ -239,8 +237,6 @@ kind 8: kind 2 with b and b2 MXFP8 weights as in kind 4, each [E, n, k] (k a mul
 kind 9: kind 3 with b MXFP8 as stored: float8_e4m3fn [n, total_rows] (b's rows transposed,
 blocks of 32 rows) and `b_scale` its scale tiles; n, k and total_rows multiples of 128, every
 segment starting at a multiple of 128 rows (else that expert's d is NaN)
-kinds 4, 7 and 8 with `split_tail`: a segment's last routed rows that fill at most half of a
-256-row tile run in a second launch of 128-row tiles, concurrent with the first (same bits).
 kinds 0-2 and 4-8 also zero their outputs' rows from sum(rows) to total_rows (0 = leave them).
 A second operand set (a2, b2, d2; all 0 if unused) runs in the same launch. n and k must be
 multiples of 8 and every address 16-byte aligned.)doc");

@@ -2,10 +2,6 @@
 #include "gemm/grouped.h"
 
 #if defined(MOK_ARCH_sm_90a)
-#include <initializer_list>
-#include <map>
-#include <memory>
-
 #include "gemm/grouped_kernel.cuh"
 #endif
 
@@ -44,34 +40,6 @@ constexpr KindEntry kEntries[kKinds] = {
 };
 
 }  // namespace dispatch
-
-namespace detail {
-
-SideStreamLease::SideStreamLease(int device) {
-  static std::mutex table_lock;
-  // Never destroyed: the streams may outlive the CUDA context at exit.
-  static auto* table = new std::map<int, std::unique_ptr<SideStream>>();
-  {
-    const std::lock_guard<std::mutex> guard(table_lock);
-    std::unique_ptr<SideStream>& slot = (*table)[device];
-    if (!slot) slot = std::make_unique<SideStream>();
-    side_ = slot.get();
-  }
-  side_->lock.lock();
-  if (side_->made) return;
-  int least = 0;
-  int greatest = 0;
-  status_ = cudaDeviceGetStreamPriorityRange(&least, &greatest);
-  if (status_ == cudaSuccess) {
-    status_ = cudaStreamCreateWithPriority(&side_->stream, cudaStreamNonBlocking, greatest);
-  }
-  for (cudaEvent_t* event : {&side_->fork, &side_->join}) {
-    if (status_ == cudaSuccess) status_ = cudaEventCreateWithFlags(event, cudaEventDisableTiming);
-  }
-  side_->made = status_ == cudaSuccess;
-}
-
-}  // namespace detail
 
 size_t scratch_bytes(Kind kind, int groups, int sm_count) {
   return dispatch::kEntries[static_cast<int>(kind)].scratch(groups, sm_count);

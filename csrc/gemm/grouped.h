@@ -66,13 +66,6 @@ __host__ __device__ constexpr bool reads_mx_weight(Kind kind) {
          kind == Kind::kWeightGradMx;
 }
 
-// The MXFP8 linear kinds that give each segment's partly used last tile to a second launch of
-// narrower tiles when it holds few routed rows (tables.cuh's tail_rows; GroupedArgs.split_tail).
-__host__ __device__ constexpr bool splits_tail(Kind kind) {
-  return kind == Kind::kLinearMxWeight || kind == Kind::kLinearMxWeightFloat ||
-         kind == Kind::kLinearMxWeightPair;
-}
-
 // The kinds whose reduction runs over a segment's rows (one D per expert).
 __host__ __device__ constexpr bool is_weight_grad(Kind kind) {
   return kind == Kind::kWeightGrad || kind == Kind::kWeightGradMx;
@@ -112,9 +105,6 @@ struct GroupedArgs {
   bool has_limit = false;  // kLinearSwiGLU: silu(min(gate, L)) * clamp(up, -L, L)
   float limit = 0.0f;
   int sm_count = 0;  // persistent CTAs; 0 = every SM of the device
-  // splits_tail kinds: the segments' few-row last tiles in a second, concurrent launch of
-  // 128-row tiles (off: one launch, each such tile a whole 256-row tile's work).
-  bool split_tail = true;
   void* scratch = nullptr;  // device bytes for the group tables and CUTLASS's workspace
   size_t scratch_bytes = 0;
 };

@@ -27,20 +27,16 @@
 #include "gemm/paired_mainloop.cuh"
 #include "gemm/swiglu_epilogue.cuh"
 #include "gemm/tables.cuh"
-#include "gemm/tail_split.cuh"
 
 namespace mok::gemm::detail {
 
 // LayoutA/LayoutB in CUTLASS's terms: A is M x K (RowMajor = K contiguous), B is K x N
 // (ColumnMajor = K contiguous); LayoutD ColumnMajor for the kinds computed transposed. No kind
 // reads a source term (C).
-// kTileN: the tiles' N (kTailTileRows for a splits_tail kind's tail launch).
 template <Kind kKind, class LayoutA, class LayoutB, class ElementD,
-          class LayoutD = cutlass::layout::RowMajor, int kTileN = kMainTileRows>
+          class LayoutD = cutlass::layout::RowMajor>
 struct GroupedGemm {
   static constexpr Kind kind = kKind;
-  template <int kOtherTileN>
-  using WithTileN = GroupedGemm<kKind, LayoutA, LayoutB, ElementD, LayoutD, kOtherTileN>;
   static constexpr bool kPaired = pairs_along_k(kKind);
   static constexpr bool kMxWeightF16 = kKind == Kind::kLinearMxWeightF16;
   static constexpr bool kMxWeight = reads_mx_weight(kKind);
@@ -49,7 +45,7 @@ struct GroupedGemm {
   using Element = std::conditional_t<kMxWeightF16, cutlass::half_t, cutlass::bfloat16_t>;
   using ElementC = void;
   using Accumulator = float;
-  using TileShape = cute::Shape<cute::_128, cute::Int<kTileN>, cute::Int<kTileK>>;
+  using TileShape = cute::Shape<cute::_128, cute::_256, cute::Int<kTileK>>;
   using ClusterShape = cute::Shape<cute::_2, cute::_1, cute::_1>;
   static constexpr int kAlignment = 16 / sizeof(Element);
   static constexpr int kAlignmentD = 16 / sizeof(ElementD);
@@ -188,22 +184,20 @@ struct GroupedGemm {
   static cudaError_t launch(const GroupedArgs& args, cudaStream_t stream) {
     const int groups = groups_of(args);
     int device = 0;
-    int sm_count = 0;
-    cudaError_t status = device_and_sms(args, &device, &sm_count);
+    cudaError_t status = cudaGetDevice(&device);
     if (status != cudaSuccess) return status;
+    int sm_count = args.sm_count;
+    if (sm_count <= 0) {
+      status = cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device);
+      if (status != cudaSuccess) return status;
+    }
     if (scratch_bytes(groups, sm_count) > args.scratch_bytes) return cudaErrorInvalidValue;
     Tables tables = Tables::carve(args.scratch, groups);
     status = fill_tables<kKind>(args, tables, groups, stream);
     if (status != cudaSuccess) return status;
-    return run(args, tables, static_cast<char*>(args.scratch) + Tables::bytes(groups), groups,
-               device, sm_count, stream);
-  }
-
-  // The GEMM on `stream` over filled tables, with CUTLASS's workspace at `workspace`.
-  static cudaError_t run(const GroupedArgs& args, const Tables& tables, void* workspace,
-                         int groups, int device, int sm_count, cudaStream_t stream) {
     Device gemm;
     auto gemm_args = arguments(args, tables, groups, device, sm_count);
+    void* workspace = static_cast<char*>(args.scratch) + Tables::bytes(groups);
     if (gemm.can_implement(gemm_args) != cutlass::Status::kSuccess) return cudaErrorInvalidValue;
     if (gemm.initialize(gemm_args, workspace, stream) != cutlass::Status::kSuccess) {
       return cudaErrorInvalidValue;
@@ -235,10 +229,10 @@ size_t scratch_kind(int groups, int sm_count);
   using Gemm##KIND = GroupedGemm<Kind::KIND, __VA_ARGS__>;                                       \
   template <>                                                                                    \
   cudaError_t launch_kind<Kind::KIND>(const GroupedArgs& args, cudaStream_t stream) {            \
-    return launch_gemm<Gemm##KIND>(args, stream);                                                \
+    return Gemm##KIND::launch(args, stream);                                                     \
   }                                                                                              \
   template <>                                                                                    \
   size_t scratch_kind<Kind::KIND>(int groups, int sm_count) {                                    \
-    return gemm_scratch_bytes<Gemm##KIND>(groups, sm_count);                                     \
+    return Gemm##KIND::scratch_bytes(groups, sm_count);                                          \
   }                                                                                              \
   }

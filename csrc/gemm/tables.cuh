@@ -95,18 +95,6 @@ __device__ Stride leading_stride(int64_t leading) {
   return stride;
 }
 
-// The MXFP8 linear kinds' tiles cover kMainTileRows routed rows at a time; a segment whose last
-// such tile would hold at most kTailTileRows routed rows gives those rows to a launch of
-// kTailTileRows-row tiles instead (splits_tail), so the partly used tile costs about half.
-constexpr int kMainTileRows = 256;
-constexpr int kTailTileRows = 128;
-
-// The rows of a segment with `used` routed rows that the tail launch computes.
-__host__ __device__ constexpr int tail_rows(int used) {
-  const int last = used % kMainTileRows;
-  return last <= kTailTileRows ? last : 0;
-}
-
 // Rows of the segment [row0, row0 + rows) up to its last routed row (source >= 0), for the whole
 // warp: the schedule puts a segment's padding rows (source -1, zero in every routed buffer) after
 // its routed rows, so no tile needs to cover them. Without a source table every row counts.
@@ -144,39 +132,9 @@ __device__ const Element* expert_weight(const void* weights, int64_t offset) {
   return reinterpret_cast<const Element*>(static_cast<const uint8_t*>(weights) + offset);
 }
 
-// The MXFP8 linear kinds' group g (set, expert e) over `rows` routed rows from `first_row`,
-// computed transposed (mx_weight_mainloop.cuh): M = n (the weight's rows), N = the rows. A is
-// the expert's E4M3 weight, handed to the mainloop's bf16 placeholder descriptor only (its own
-// descriptor reads the bytes). kLinearMxWeightPair: two (weight, rows) pairs of one shape
-// along K.
+// Group g: one warp each (see group_index). Segment e starts at row0 = sum(rows[:e]).
 template <Kind kKind, class Tables>
-__device__ void mx_linear_entry(const GroupedArgs& args, const Tables& tables, int g, int set,
-                                int e, int64_t first_row, int rows) {
-  using Element = typename Tables::ElementAB;
-  const OperandSet& s = args.sets[set];
-  const int64_t n = args.n;
-  const int64_t k = args.k;
-  const bool paired = pairs_along_k(kKind);
-  tables.shapes[g] = {static_cast<int>(n), rows, static_cast<int>(paired ? 2 * k : k)};
-  tables.a[g] = expert_weight<Element>(s.b, e * n * k);
-  tables.b[g] = static_cast<const Element*>(s.a) + first_row * k;
-  tables.d[g] = static_cast<typename Tables::ElementOut*>(s.d) + first_row * n;
-  tables.stride_a[g] = leading_stride<typename Tables::StrideTypeA>(k);
-  tables.stride_b[g] = leading_stride<typename Tables::StrideTypeB>(k);
-  if (paired) {
-    tables.a2[g] = expert_weight<Element>(args.sets[1].b, e * n * k);
-    tables.b2[g] = static_cast<const Element*>(args.sets[1].a) + first_row * k;
-  }
-  tables.stride_c[g] = leading_stride<typename Tables::StrideTypeC>(n);
-  tables.stride_d[g] = leading_stride<typename Tables::StrideTypeD>(n);
-}
-
-// Group g: one warp each (see group_index). Segment e starts at row0 = sum(rows[:e]). With
-// `split_tail` (splits_tail kinds), `tail_tables` get each segment's tail_rows and `tables` the
-// rows before them.
-template <Kind kKind, class Tables>
-__global__ void fill_tables_kernel(GroupedArgs args, Tables tables, Tables tail_tables,
-                                   bool split_tail) {
+__global__ void fill_tables_kernel(GroupedArgs args, Tables tables) {
   const int g = static_cast<int>(blockIdx.x);
   const auto [set, e] = group_index(g, static_cast<int>(gridDim.x), args.experts);
   int64_t row0 = 0;
@@ -225,10 +183,21 @@ __global__ void fill_tables_kernel(GroupedArgs args, Tables tables, Tables tail_
     tables.stride_a[g] = leading_stride<StrideA>(k);
     tables.stride_b[g] = leading_stride<StrideB>(n);
   } else if constexpr (reads_mx_weight(kKind)) {
-    // The tail launch's rows (split_tail): the main launch's N stops before them.
-    const int tail = split_tail ? tail_rows(used) : 0;
-    mx_linear_entry<kKind>(args, tables, g, set, e, row0, used - tail);
-    if (split_tail) mx_linear_entry<kKind>(args, tail_tables, g, set, e, row0 + used - tail, tail);
+    // Computed transposed (mx_weight_mainloop.cuh): M = n (the weight's rows), N = the routed
+    // rows. A is the expert's E4M3 weight, handed to the mainloop's bf16 placeholder descriptor
+    // only (its own descriptor reads the bytes). kLinearMxWeightPair: two (weight, rows) pairs
+    // of one shape along K.
+    const bool paired = pairs_along_k(kKind);
+    tables.shapes[g] = {static_cast<int>(n), used, static_cast<int>(paired ? 2 * k : k)};
+    tables.a[g] = expert_weight<Element>(s.b, e * n * k);
+    tables.b[g] = a + row0 * k;
+    tables.d[g] = d + row0 * n;
+    tables.stride_a[g] = leading_stride<StrideA>(k);
+    tables.stride_b[g] = leading_stride<StrideB>(k);
+    if (paired) {
+      tables.a2[g] = expert_weight<Element>(args.sets[1].b, e * n * k);
+      tables.b2[g] = static_cast<const Element*>(args.sets[1].a) + row0 * k;
+    }
   } else {
     const bool paired = pairs_along_k(kKind);
     // kLinearSwiGLU's tiles hold gate's and up's columns side by side (gate_up_mainloop.cuh),
@@ -299,13 +268,10 @@ __global__ void zero_uncomputed_rows_kernel(GroupedArgs args, const int32_t* use
   }
 }
 
-// `tail_tables` null: no tail launch (every routed row in `tables`' shapes).
 template <Kind kKind, class Tables>
 cudaError_t fill_tables(const GroupedArgs& args, const Tables& tables, int groups,
-                        cudaStream_t stream, const Tables* tail_tables = nullptr) {
-  const bool split_tail = tail_tables != nullptr;
-  fill_tables_kernel<kKind><<<groups, kWarp, 0, stream>>>(
-      args, tables, split_tail ? *tail_tables : tables, split_tail);
+                        cudaStream_t stream) {
+  fill_tables_kernel<kKind><<<groups, kWarp, 0, stream>>>(args, tables);
   if constexpr (is_weight_grad(kKind)) {
     zero_empty_experts_kernel<typename Tables::ElementOut>
         <<<dim3(64, groups), 256, 0, stream>>>(args, tables.used);

@@ -20,7 +20,7 @@ from typing import NamedTuple
 import torch
 
 from mok import _extension
-from mok._checks import check_tensor, env_choice
+from mok._checks import check_tensor
 
 _BF16 = torch.bfloat16
 # LINEAR_SWIGLU's tiles put 128 gate columns beside the same 128 up columns.
@@ -139,7 +139,6 @@ def _launch(
         hidden=_address(hidden),
         has_limit=limit is not None,
         limit=0.0 if limit is None else float(limit),
-        split_tail=env_choice("MOK_MX_TAIL_SPLIT", ("0", "1"), "1") == "1",
         **_exponent_arguments(exponents),
     )
 

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import torch
 
-from mok._checks import describe, env_choice
+from mok._checks import describe
 from mok.backends import (
     cuda,
     cuda_comm,
@@ -104,7 +104,7 @@ class HopperGemms(CudaMxfp8, CudaElementwise, ExpertEngine):
         # on 1x H200 it makes the DSV4-Pro-like forward 0.10-0.15 ms faster, but the host-bound
         # Qwen-like ones slower, its weights' preparation launches and their host work keeping
         # the GPU waiting (benchmarks/NOTES.md v17, v18).
-        self.reads_rebased_rows = env_choice("MOK_MXFP8_F16", ("0", "1"), "0") == "1"
+        self.reads_rebased_rows = _choice("MOK_MXFP8_F16", ("0", "1"), "0") == "1"
 
     mx_weights_as_stored = True
 
@@ -180,7 +180,14 @@ class HopperGemms(CudaMxfp8, CudaElementwise, ExpertEngine):
 
 
 def _swiglu_epilogue() -> bool:
-    return env_choice("MOK_SWIGLU_EPILOGUE", ("0", "1"), "0") == "1"
+    return _choice("MOK_SWIGLU_EPILOGUE", ("0", "1"), "0") == "1"
+
+
+def _choice(variable: str, allowed: tuple[str, ...], default: str) -> str:
+    choice = os.environ.get(variable, default)
+    if choice not in allowed:
+        raise ValueError(f"{variable} must be one of {', '.join(allowed)}, got {choice!r}")
+    return choice
 
 
 def _use_mok_gemms(device: torch.device) -> bool:

@@ -84,7 +84,6 @@ EXTENSION_HEADERS = [
     "csrc/gemm/producer_loads.cuh",
     "csrc/gemm/swiglu_epilogue.cuh",
     "csrc/gemm/tables.cuh",
-    "csrc/gemm/tail_split.cuh",
     "csrc/mxfp8.h",
     "csrc/mxfp8_sources.cuh",
     "csrc/schedule.h",
