@@ -27,15 +27,12 @@ struct MxWeightConverter {
   int pair_base;   // 64 r + k0: the pair (r, k0) within its chunk row
   int chunk[4];    // per k block: its swizzled chunk's byte offset
   int scale_base;  // row r's entry of K block 0 in the scale tile
-  // [row r or r + 8][K blocks 0-1 or 2-3]: the scale tile's bf16 scales, decoded on even k
-  // tiles (scale_bf16_pair), kept for the odd ones.
-  mutable uint32_t scale_pairs[2][2];
 
   template <class Coords>
   CUTLASS_DEVICE static MxWeightConverter make(Storage& storage, Coords const& coords) {
     const int row = cute::get<0>(coords(0, 0, 0));
     const int k0 = cute::get<1>(coords(0, 0, 0));
-    MxWeightConverter converter{storage, 64 * row + k0, {}, (row % 32) * 16 + (row / 32) * 4, {}};
+    MxWeightConverter converter{storage, 64 * row + k0, {}, (row % 32) * 16 + (row / 32) * 4};
     CUTLASS_PRAGMA_UNROLL
     for (int kb = 0; kb < 4; ++kb) converter.chunk[kb] = (kb ^ (row / 2 % 4)) * 16;
     return converter;
@@ -46,12 +43,12 @@ struct MxWeightConverter {
     using namespace cute;
     static_assert(size<0>(Fragment{}) == 8 && size<2>(Fragment{}) == 4, "64 x 64 per thread");
     const uint8_t* tile = storage.smem_W.data() + stage * kTileBytes + pair_base;
+    // Rows r and r + 8 are 128 entries apart in a scale tile (r % 32 < 24); K blocks 1.
+    const int entry = scale_base + 2 * (k_tile % 2);
     const uint8_t* scale_tile = storage.smem_scale.data() + stage * kScaleBytes;
     auto words = recast<uint32_t>(frag);  // word j: fragment values 2 j and 2 j + 1
     if constexpr (kF16) {
-      // E4M3 pairs -> f16x2, times the block's factor (cuda_rebased.weight_factor_tiles). Rows r
-      // and r + 8 are 128 entries apart in a scale tile (r % 32 < 24); K blocks 1 apart.
-      const int entry = scale_base + 2 * (k_tile % 2);
+      // E4M3 pairs -> f16x2, times the block's factor (cuda_rebased.weight_factor_tiles).
       const __half* factor_tile = reinterpret_cast<const __half*>(scale_tile) + entry;
       __half2 factors[2][2];  // [row r or r + 8][32-value block of the k tile]
       CUTLASS_PRAGMA_UNROLL
@@ -64,27 +61,17 @@ struct MxWeightConverter {
     } else {
       // E4M3 pairs -> f16 -> fp32 -> bf16 (exact: E4M3 values have 4 significant bits), times
       // the block's scale as a bf16 pair, the product rounded once: five instructions a pair
-      // where two fp32 multiplies before the packing took six (benchmarks/NOTES.md v20). A
-      // scale tile covers two k tiles (K blocks 0-1 and 2-3 of each row), so the even one
-      // decodes all four of each row's scales (one 4-byte load a row) and the odd one reuses
-      // them: the decoding had taken ~45 of the ~190 instructions of a consumer's k tile.
-      if (k_tile % 2 == 0) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int row8 = 0; row8 < 2; ++row8) {
-          const uint32_t bytes =
-              *reinterpret_cast<const uint32_t*>(scale_tile + scale_base + 128 * row8);
-          scale_pairs[row8][0] = mxfp8::scale_bf16_pair(bytes, false);
-          scale_pairs[row8][1] = mxfp8::scale_bf16_pair(bytes, true);
-        }
+      // where two fp32 multiplies before the packing took six (benchmarks/NOTES.md v20).
+      __nv_bfloat162 scales[2][2];
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t pair = mxfp8::scale_bf16x2(scale_tile[entry + at(i)]);
+        scales[i / 2][i % 2] = *reinterpret_cast<const __nv_bfloat162*>(&pair);
       }
-      const bool odd = k_tile % 2 != 0;  // selected, not indexed: a runtime index spills
-      const uint32_t row_scales[2] = {odd ? scale_pairs[0][1] : scale_pairs[0][0],
-                                      odd ? scale_pairs[1][1] : scale_pairs[1][0]};
       for_each_pair(tile, words, [&](__nv_fp8x2_storage_t pair, int row8, int block) {
         const float2 values = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
-        const __nv_bfloat162 both = *reinterpret_cast<const __nv_bfloat162*>(&row_scales[row8]);
-        const __nv_bfloat162 scale = block == 0 ? __low2bfloat162(both) : __high2bfloat162(both);
-        const __nv_bfloat162 scaled = __hmul2(__floats2bfloat162_rn(values.x, values.y), scale);
+        const __nv_bfloat162 scaled =
+            __hmul2(__floats2bfloat162_rn(values.x, values.y), scales[row8][block]);
         return *reinterpret_cast<const uint32_t*>(&scaled);
       });
     }
