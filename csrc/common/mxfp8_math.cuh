@@ -66,9 +66,8 @@ __device__ __forceinline__ float inverse_scale(int e) {
 
 // 2^(byte - 127) for bytes 0..254 (0 the subnormal 2^-127), without a test for E8M0's NaN
 // (255): kind 6's rescale multiplies every accumulator by two of these, and a branch per
-// accumulator cost several thousand cycles a tile (benchmarks/NOTES.md v17). The home of the
-// byte -> 2^(byte - 127) rule; scale_value adds the NaN, scale_bf16_pair restates both on
-// packed bf16 bits (the GPU tests hold it to mxfp8_dequantize's values for every byte).
+// accumulator cost several thousand cycles a tile (benchmarks/NOTES.md v17). The one home of
+// the byte -> 2^(byte - 127) rule; the two forms below add the NaN.
 __device__ __forceinline__ float exponent_value(uint32_t byte) {
   return __uint_as_float(byte != 0u ? byte << 23 : 0x00400000u);
 }
@@ -78,17 +77,13 @@ __device__ __forceinline__ float scale_value(uint32_t byte) {
   return byte == 255u ? __uint_as_float(0x7fc00000u) : exponent_value(byte);
 }
 
-// scale_value of two scale bytes of `bytes` (bytes 0 and 1, or with `high` 2 and 3) as a bf16
-// pair, the first byte's in the low half, without a branch: bf16 holds every E8M0 value (the top
-// half of exponent_value's fp32, 2^-127 a bf16 subnormal). Each byte b is spread to its half and
-// shifted into bf16's exponent (b << 7 is 2^(b - 127)), with 0x40 added where b is 0 (the
-// subnormal) or 255 (NaN's quiet bit), the bytes with (b + 1) & 0xfe == 0, both halves at once:
-// seven instructions for two scales, where one byte at a time took eight for one.
-__device__ __forceinline__ uint32_t scale_bf16_pair(uint32_t bytes, bool high) {
-  const uint32_t spread = __byte_perm(bytes, 0u, high ? 0x4342u : 0x4140u);  // [0, b', 0, b]
-  const uint32_t ordinary = (spread + 0x00010001u) & 0x00fe00feu;  // 0 for the bytes 0 and 255
-  const uint32_t ordinary_bit = (ordinary + 0x00ff00ffu) >> 2;     // 0x40 where ordinary != 0
-  return (spread << 7) | (~ordinary_bit & 0x00400040u);
+// scale_value(byte) as bf16 in both halves of a word, without a branch: bf16 holds every E8M0
+// value (the top half of exponent_value's fp32, 2^-127 a bf16 subnormal), and 255's quiet bit
+// makes the NaN.
+__device__ __forceinline__ uint32_t scale_bf16x2(uint32_t byte) {
+  const uint32_t bits =
+      (__float_as_uint(exponent_value(byte)) >> 16) | (byte == 255u ? 0x40u : 0u);
+  return bits * 0x10001u;
 }
 
 // The low / high bf16 of a packed pair as fp32 (exact: bf16 is the top half of an fp32).

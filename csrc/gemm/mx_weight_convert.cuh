@@ -43,12 +43,12 @@ struct MxWeightConverter {
     using namespace cute;
     static_assert(size<0>(Fragment{}) == 8 && size<2>(Fragment{}) == 4, "64 x 64 per thread");
     const uint8_t* tile = storage.smem_W.data() + stage * kTileBytes + pair_base;
+    // Rows r and r + 8 are 128 entries apart in a scale tile (r % 32 < 24); K blocks 1.
+    const int entry = scale_base + 2 * (k_tile % 2);
     const uint8_t* scale_tile = storage.smem_scale.data() + stage * kScaleBytes;
     auto words = recast<uint32_t>(frag);  // word j: fragment values 2 j and 2 j + 1
     if constexpr (kF16) {
-      // E4M3 pairs -> f16x2, times the block's factor (cuda_rebased.weight_factor_tiles). Rows r
-      // and r + 8 are 128 entries apart in a scale tile (r % 32 < 24); K blocks 1 apart.
-      const int entry = scale_base + 2 * (k_tile % 2);
+      // E4M3 pairs -> f16x2, times the block's factor (cuda_rebased.weight_factor_tiles).
       const __half* factor_tile = reinterpret_cast<const __half*>(scale_tile) + entry;
       __half2 factors[2][2];  // [row r or r + 8][32-value block of the k tile]
       CUTLASS_PRAGMA_UNROLL
@@ -61,24 +61,17 @@ struct MxWeightConverter {
     } else {
       // E4M3 pairs -> f16 -> fp32 -> bf16 (exact: E4M3 values have 4 significant bits), times
       // the block's scale as a bf16 pair, the product rounded once: five instructions a pair
-      // where two fp32 multiplies before the packing took six (benchmarks/NOTES.md v20). The k
-      // tile's two scales a row come from one 4-byte load of the row's four K blocks, decoded
-      // together (scale_bf16_pair): ~18 instructions a k tile where one byte at a time took ~45,
-      // the same on every k tile (decoding a scale tile's bytes all on its even k tile made those
-      // longer, and the GEMMs slower: NOTES v39).
-      const bool odd = k_tile % 2 != 0;
-      uint32_t row_scales[2];  // [row r or r + 8]: the k tile's first block low, second high
+      // where two fp32 multiplies before the packing took six (benchmarks/NOTES.md v20).
+      __nv_bfloat162 scales[2][2];
       CUTLASS_PRAGMA_UNROLL
-      for (int row8 = 0; row8 < 2; ++row8) {
-        const uint32_t bytes =
-            *reinterpret_cast<const uint32_t*>(scale_tile + scale_base + 128 * row8);
-        row_scales[row8] = mxfp8::scale_bf16_pair(bytes, odd);
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t pair = mxfp8::scale_bf16x2(scale_tile[entry + at(i)]);
+        scales[i / 2][i % 2] = *reinterpret_cast<const __nv_bfloat162*>(&pair);
       }
       for_each_pair(tile, words, [&](__nv_fp8x2_storage_t pair, int row8, int block) {
         const float2 values = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
-        const __nv_bfloat162 both = *reinterpret_cast<const __nv_bfloat162*>(&row_scales[row8]);
-        const __nv_bfloat162 scale = block == 0 ? __low2bfloat162(both) : __high2bfloat162(both);
-        const __nv_bfloat162 scaled = __hmul2(__floats2bfloat162_rn(values.x, values.y), scale);
+        const __nv_bfloat162 scaled =
+            __hmul2(__floats2bfloat162_rn(values.x, values.y), scales[row8][block]);
         return *reinterpret_cast<const uint32_t*>(&scaled);
       });
     }
