@@ -270,12 +270,13 @@ struct MxWeightMainloop : CarriesGroup<Base> {
     tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
     PipelineState release = smem_pipe_read;
     pipeline.consumer_wait(smem_pipe_read);
+    converter(smem_pipe_read.index(), 0, frag0);
     for (int t = 0; t < k_tile_count; t += 3) {
-      step<true>(pipeline, smem_pipe_read, release, t, k_tile_count, tiled_mma, tCrB, frag0,
-                 frag1, accum, converter);
+      step(pipeline, smem_pipe_read, release, t, k_tile_count, tiled_mma, tCrB, frag0, frag1,
+           accum, converter);
       if (t + 1 >= k_tile_count) break;
-      step<false, true>(pipeline, smem_pipe_read, release, t + 1, k_tile_count, tiled_mma, tCrB,
-                        frag1, frag2, accum, converter);
+      step(pipeline, smem_pipe_read, release, t + 1, k_tile_count, tiled_mma, tCrB, frag1,
+              frag2, accum, converter);
       if (t + 2 >= k_tile_count) break;
       step(pipeline, smem_pipe_read, release, t + 2, k_tile_count, tiled_mma, tCrB, frag2,
               frag0, accum, converter);
@@ -327,11 +328,16 @@ struct MxWeightMainloop : CarriesGroup<Base> {
     }
   }
 
-  // Tile t's wgmmas on `current` (converted), one batch.
-  template <class TiledMmaT, class TensorB, class Fragment, class FrgTensorC>
-  CUTLASS_DEVICE static void issue(TiledMmaT& tiled_mma, TensorB const& tCrB, Fragment& current,
-                                   FrgTensorC& accum, int stage) {
+  // Issues tile t's wgmmas on `current`; with them and tile t - 1's in flight, waits for tile
+  // t - 2's (then its stage and `next`, its registers, are free) and converts tile t + 1 into
+  // `next`. Two batches stay queued, so the tensor cores do not wait for the conversions.
+  template <class TiledMmaT, class TensorB, class Fragment, class FrgTensorC, class Convert>
+  CUTLASS_DEVICE static void step(MainloopPipeline& pipeline, PipelineState& state,
+                                  PipelineState& release, int t, int k_tile_count,
+                                  TiledMmaT& tiled_mma, TensorB const& tCrB, Fragment& current,
+                                  Fragment& next, FrgTensorC& accum, Convert const& convert) {
     using namespace cute;
+    const int stage = state.index();
     warpgroup_fence_operand(current);
     warpgroup_fence_operand(accum);
     warpgroup_arrive();
@@ -341,41 +347,7 @@ struct MxWeightMainloop : CarriesGroup<Base> {
       tiled_mma.accumulate_ = GMMA::ScaleOut::One;
     }
     warpgroup_commit_batch();
-  }
-
-  // A work tile's first k tile, one batch per 16-wide k block, each issued as soon as its block
-  // is converted: the tensor cores start after a quarter of the conversion rather than all of
-  // it (at a tile's start nothing else hides it). ptxas serializes every wgmma (C7513) unless
-  // a block's registers are written after a wait, so each block follows a wait that lets all
-  // the earlier blocks' batches stay queued.
-  template <class TiledMmaT, class TensorB, class Fragment, class FrgTensorC, class Convert>
-  CUTLASS_DEVICE static void issue_converting(TiledMmaT& tiled_mma, TensorB const& tCrB,
-                                              Fragment& first, FrgTensorC& accum,
-                                              Convert const& convert, int stage) {
-    using namespace cute;
-    for_each(make_int_sequence<size<2>(Fragment{})>{}, [&](auto kb) {
-      constexpr int kBlock = decltype(kb)::value;
-      warpgroup_wait<kBlock>();  // waits for nothing: the previous tile ended with wait<0>
-      convert.template blocks<kBlock, kBlock + 1>(stage, 0, first);
-      auto block = first(_, _, kb);
-      warpgroup_fence_operand(block);
-      warpgroup_fence_operand(accum);
-      warpgroup_arrive();
-      cute::gemm(tiled_mma, block, tCrB(_, _, kb, stage), accum);
-      tiled_mma.accumulate_ = GMMA::ScaleOut::One;
-      warpgroup_commit_batch();
-    });
-  }
-
-  // With tile t's and t - 1's batches in flight, waits for tile t - 2's (then its stage and
-  // `next`, its registers, are free: kPending batches may stay queued) and converts tile t + 1
-  // into `next`. Two k tiles stay queued, so the tensor cores do not wait for the conversions.
-  template <int kPending = kQueuedBatches, class Fragment, class FrgTensorC, class Convert>
-  CUTLASS_DEVICE static void advance(MainloopPipeline& pipeline, PipelineState& state,
-                                     PipelineState& release, int t, int k_tile_count,
-                                     Fragment& next, FrgTensorC& accum, Convert const& convert) {
-    using namespace cute;
-    warpgroup_wait<kPending>();
+    warpgroup_wait<kQueuedBatches>();
     warpgroup_fence_operand(accum);
     warpgroup_fence_operand(next);
     if (t >= kQueuedBatches) {
@@ -386,30 +358,6 @@ struct MxWeightMainloop : CarriesGroup<Base> {
     if (t + 1 < k_tile_count) {
       pipeline.consumer_wait(state);
       convert(state.index(), t + 1, next);
-    }
-  }
-
-  // Tile t's step: its wgmmas, then the wait and tile t + 1's conversion. kMayStart: t may be
-  // the work tile's first k tile, which issue_converting converts and issues; kMayFollow: t may
-  // be the second. With the first k tile's blocks queued as batches of their own, those two
-  // steps wait for no more than two queued k tiles would leave.
-  template <bool kMayStart = false, bool kMayFollow = false, class TiledMmaT, class TensorB,
-            class Fragment, class FrgTensorC, class Convert>
-  CUTLASS_DEVICE static void step(MainloopPipeline& pipeline, PipelineState& state,
-                                  PipelineState& release, int t, int k_tile_count,
-                                  TiledMmaT& tiled_mma, TensorB const& tCrB, Fragment& current,
-                                  Fragment& next, FrgTensorC& accum, Convert const& convert) {
-    constexpr int kBlocks = cute::size<2>(Fragment{});
-    if (kMayStart && t == 0) {
-      issue_converting(tiled_mma, tCrB, current, accum, convert, state.index());
-      advance<kBlocks>(pipeline, state, release, t, k_tile_count, next, accum, convert);
-      return;
-    }
-    issue(tiled_mma, tCrB, current, accum, state.index());
-    if (kMayFollow && t == 1) {
-      advance<kBlocks + 1>(pipeline, state, release, t, k_tile_count, next, accum, convert);
-    } else {
-      advance(pipeline, state, release, t, k_tile_count, next, accum, convert);
     }
   }
 };
