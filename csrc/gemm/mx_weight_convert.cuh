@@ -40,6 +40,13 @@ struct MxWeightConverter {
 
   template <class Fragment>
   CUTLASS_DEVICE void operator()(int stage, int k_tile, Fragment& frag) const {
+    blocks<0, 4>(stage, k_tile, frag);
+  }
+
+  // Converts the fragment's 16-wide k blocks [kBegin, kEnd) only, decoding only their scales
+  // (a tile's first k tile is converted a block at a time, each wgmma issued after its block).
+  template <int kBegin, int kEnd, class Fragment>
+  CUTLASS_DEVICE void blocks(int stage, int k_tile, Fragment& frag) const {
     using namespace cute;
     static_assert(size<0>(Fragment{}) == 8 && size<2>(Fragment{}) == 4, "64 x 64 per thread");
     const uint8_t* tile = storage.smem_W.data() + stage * kTileBytes + pair_base;
@@ -52,8 +59,10 @@ struct MxWeightConverter {
       const __half* factor_tile = reinterpret_cast<const __half*>(scale_tile) + entry;
       __half2 factors[2][2];  // [row r or r + 8][32-value block of the k tile]
       CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < 4; ++i) factors[i / 2][i % 2] = __half2half2(factor_tile[at(i)]);
-      for_each_pair(tile, words, [&](__nv_fp8x2_storage_t pair, int row8, int block) {
+      for (int i = 0; i < 4; ++i) {
+        if (uses_block<kBegin, kEnd>(i % 2)) factors[i / 2][i % 2] = __half2half2(factor_tile[at(i)]);
+      }
+      for_each_pair<kBegin, kEnd>(tile, words, [&](__nv_fp8x2_storage_t pair, int row8, int block) {
         const __half2 scaled = __hmul2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)),
                                        factors[row8][block]);
         return *reinterpret_cast<const uint32_t*>(&scaled);
@@ -65,10 +74,11 @@ struct MxWeightConverter {
       __nv_bfloat162 scales[2][2];
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < 4; ++i) {
+        if (!uses_block<kBegin, kEnd>(i % 2)) continue;
         const uint32_t pair = mxfp8::scale_bf16x2(scale_tile[entry + at(i)]);
         scales[i / 2][i % 2] = *reinterpret_cast<const __nv_bfloat162*>(&pair);
       }
-      for_each_pair(tile, words, [&](__nv_fp8x2_storage_t pair, int row8, int block) {
+      for_each_pair<kBegin, kEnd>(tile, words, [&](__nv_fp8x2_storage_t pair, int row8, int block) {
         const float2 values = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
         const __nv_bfloat162 scaled =
             __hmul2(__floats2bfloat162_rn(values.x, values.y), scales[row8][block]);
@@ -81,13 +91,19 @@ struct MxWeightConverter {
   // the k tile.
   CUTLASS_DEVICE static constexpr int at(int i) { return 128 * (i / 2) + i % 2; }
 
+  // Whether k blocks [kBegin, kEnd) read the k tile's 32-value scale block `block`.
+  template <int kBegin, int kEnd>
+  CUTLASS_DEVICE static constexpr bool uses_block(int block) {
+    return kBegin / 2 <= block && block <= (kEnd - 1) / 2;
+  }
+
   // words(4 kb + j) = convert(pair, row8, block) for the thread's value pairs (r, k),
   // (r + 8, k), (r, k + 8), (r + 8, k + 8) of each k block kb; row8 is 1 for row r + 8, block the
-  // 32-value scale block of the k tile.
-  template <class Words, class Convert>
+  // 32-value scale block of the k tile. Only k blocks [kBegin, kEnd) are converted.
+  template <int kBegin, int kEnd, class Words, class Convert>
   CUTLASS_DEVICE void for_each_pair(const uint8_t* tile, Words& words, Convert convert) const {
     CUTLASS_PRAGMA_UNROLL
-    for (int kb = 0; kb < 4; ++kb) {
+    for (int kb = kBegin; kb < kEnd; ++kb) {
       CUTLASS_PRAGMA_UNROLL
       for (int j = 0; j < 4; ++j) {
         const int row8 = j % 2;

@@ -270,10 +270,9 @@ struct MxWeightMainloop : CarriesGroup<Base> {
     tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
     PipelineState release = smem_pipe_read;
     pipeline.consumer_wait(smem_pipe_read);
-    converter(smem_pipe_read.index(), 0, frag0);
     for (int t = 0; t < k_tile_count; t += 3) {
-      step(pipeline, smem_pipe_read, release, t, k_tile_count, tiled_mma, tCrB, frag0, frag1,
-           accum, converter);
+      step<true>(pipeline, smem_pipe_read, release, t, k_tile_count, tiled_mma, tCrB, frag0,
+                 frag1, accum, converter);
       if (t + 1 >= k_tile_count) break;
       step(pipeline, smem_pipe_read, release, t + 1, k_tile_count, tiled_mma, tCrB, frag1,
               frag2, accum, converter);
@@ -328,16 +327,11 @@ struct MxWeightMainloop : CarriesGroup<Base> {
     }
   }
 
-  // Issues tile t's wgmmas on `current`; with them and tile t - 1's in flight, waits for tile
-  // t - 2's (then its stage and `next`, its registers, are free) and converts tile t + 1 into
-  // `next`. Two batches stay queued, so the tensor cores do not wait for the conversions.
-  template <class TiledMmaT, class TensorB, class Fragment, class FrgTensorC, class Convert>
-  CUTLASS_DEVICE static void step(MainloopPipeline& pipeline, PipelineState& state,
-                                  PipelineState& release, int t, int k_tile_count,
-                                  TiledMmaT& tiled_mma, TensorB const& tCrB, Fragment& current,
-                                  Fragment& next, FrgTensorC& accum, Convert const& convert) {
+  // Tile t's wgmmas on `current` (converted), one batch.
+  template <class TiledMmaT, class TensorB, class Fragment, class FrgTensorC>
+  CUTLASS_DEVICE static void issue(TiledMmaT& tiled_mma, TensorB const& tCrB, Fragment& current,
+                                   FrgTensorC& accum, int stage) {
     using namespace cute;
-    const int stage = state.index();
     warpgroup_fence_operand(current);
     warpgroup_fence_operand(accum);
     warpgroup_arrive();
@@ -347,7 +341,40 @@ struct MxWeightMainloop : CarriesGroup<Base> {
       tiled_mma.accumulate_ = GMMA::ScaleOut::One;
     }
     warpgroup_commit_batch();
-    warpgroup_wait<kQueuedBatches>();
+  }
+
+  // A work tile's first k tile, one batch per 16-wide k block, each issued as soon as its block
+  // is converted: the tensor cores start after a quarter of the conversion rather than all of
+  // it (at a tile's start nothing else hides it). ptxas serializes every wgmma (C7513) unless
+  // a block's registers are written after a wait, so each block follows a wait that lets all
+  // the earlier blocks' batches stay queued.
+  template <class TiledMmaT, class TensorB, class Fragment, class FrgTensorC, class Convert>
+  CUTLASS_DEVICE static void issue_converting(TiledMmaT& tiled_mma, TensorB const& tCrB,
+                                              Fragment& first, FrgTensorC& accum,
+                                              Convert const& convert, int stage) {
+    using namespace cute;
+    for_each(make_int_sequence<size<2>(Fragment{})>{}, [&](auto kb) {
+      constexpr int kBlock = decltype(kb)::value;
+      warpgroup_wait<kBlock>();  // waits for nothing: the previous tile ended with wait<0>
+      convert.template blocks<kBlock, kBlock + 1>(stage, 0, first);
+      auto block = first(_, _, kb);
+      warpgroup_fence_operand(block);
+      warpgroup_fence_operand(accum);
+      warpgroup_arrive();
+      cute::gemm(tiled_mma, block, tCrB(_, _, kb, stage), accum);
+      tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+      warpgroup_commit_batch();
+    });
+  }
+
+  // After the wait for tile t - 2's batch (then its stage and `next`, its registers, are free),
+  // releases that stage and converts tile t + 1 into `next`. Two k tiles stay queued, so the
+  // tensor cores do not wait for the conversions.
+  template <class Fragment, class FrgTensorC, class Convert>
+  CUTLASS_DEVICE static void advance(MainloopPipeline& pipeline, PipelineState& state,
+                                     PipelineState& release, int t, int k_tile_count,
+                                     Fragment& next, FrgTensorC& accum, Convert const& convert) {
+    using namespace cute;
     warpgroup_fence_operand(accum);
     warpgroup_fence_operand(next);
     if (t >= kQueuedBatches) {
@@ -359,6 +386,26 @@ struct MxWeightMainloop : CarriesGroup<Base> {
       pipeline.consumer_wait(state);
       convert(state.index(), t + 1, next);
     }
+  }
+
+  // Tile t's step: its wgmmas, the wait for tile t - 2's and tile t + 1's conversion. kMayStart:
+  // t may be the work tile's first k tile, which issue_converting converts and issues; one test
+  // picks both its issue and its wait (its four batches may stay queued). At t = 1 the usual
+  // wait then lets tile 0's last block and tile 1 run while tile 2 is converted.
+  template <bool kMayStart = false, class TiledMmaT, class TensorB, class Fragment,
+            class FrgTensorC, class Convert>
+  CUTLASS_DEVICE static void step(MainloopPipeline& pipeline, PipelineState& state,
+                                  PipelineState& release, int t, int k_tile_count,
+                                  TiledMmaT& tiled_mma, TensorB const& tCrB, Fragment& current,
+                                  Fragment& next, FrgTensorC& accum, Convert const& convert) {
+    if (kMayStart && t == 0) {
+      issue_converting(tiled_mma, tCrB, current, accum, convert, state.index());
+      cute::warpgroup_wait<cute::size<2>(Fragment{})>();
+    } else {
+      issue(tiled_mma, tCrB, current, accum, state.index());
+      cute::warpgroup_wait<kQueuedBatches>();
+    }
+    advance(pipeline, state, release, t, k_tile_count, next, accum, convert);
   }
 };
 
