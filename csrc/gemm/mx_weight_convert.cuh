@@ -60,7 +60,8 @@ struct MxWeightConverter {
       __half2 factors[2][2];  // [row r or r + 8][32-value block of the k tile]
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < 4; ++i) {
-        if (uses_block<kBegin, kEnd>(i % 2)) factors[i / 2][i % 2] = __half2half2(factor_tile[at(i)]);
+        if (!uses_block<kBegin, kEnd>(i % 2)) continue;
+        factors[i / 2][i % 2] = __half2half2(factor_tile[at(i)]);
       }
       for_each_pair<kBegin, kEnd>(tile, words, [&](__nv_fp8x2_storage_t pair, int row8, int block) {
         const __half2 scaled = __hmul2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)),

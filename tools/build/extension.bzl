@@ -80,6 +80,7 @@ EXTENSION_HEADERS = [
     "csrc/gemm/grouped_kernel.cuh",
     "csrc/gemm/mx_weight_convert.cuh",
     "csrc/gemm/mx_weight_mainloop.cuh",
+    "csrc/gemm/mx_weight_steps.cuh",
     "csrc/gemm/paired_mainloop.cuh",
     "csrc/gemm/producer_loads.cuh",
     "csrc/gemm/swiglu_epilogue.cuh",
