@@ -32,10 +32,12 @@ struct MxWeightSteps {
   }
 
   // A work tile's first k tile, one batch per 16-wide k block, each issued as soon as its block
-  // is converted: the tensor cores start after a quarter of the conversion rather than all of
-  // it (at a tile's start nothing else hides it). ptxas serializes every wgmma (C7513) unless
-  // a block's registers are written after a wait, so each block follows a wait that lets all
-  // the earlier blocks' batches stay queued.
+  // is converted, in place of a whole conversion before the loop. Meant to start the tensor
+  // cores sooner; measured, the kernels gained 1-2.5% in their steady loop instead (ncu: the
+  // short-K down's cycles did not move; benchmarks/NOTES.md v43). ptxas serializes every wgmma
+  // (C7513) unless a block's registers are written after a wait, so each block follows a wait
+  // that lets all the earlier blocks' batches stay queued; it also does if any batch is in
+  // flight when the loop is entered, which is why this runs inside the loop's first step.
   template <class TiledMmaT, class TensorB, class Fragment, class FrgTensorC, class Convert>
   CUTLASS_DEVICE static void issue_converting(TiledMmaT& tiled_mma, TensorB const& tCrB,
                                               Fragment& first, FrgTensorC& accum,
