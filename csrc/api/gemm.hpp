@@ -12,7 +12,7 @@
 
 #include "api/checks.hpp"
 #include "common/cuda_check.hpp"
-#include "gemm/grouped.h"
+#include "grouped_gemm.h"
 
 namespace mok::api {
 

@@ -186,14 +186,14 @@ def test_sources_are_compiled_from_one_fixed_path(tmp_path):
     """nvcc hashes a source's real path into internal symbol names, so every build compiles a
     copy at the same path: the listed files only, removed afterwards."""
     root = tmp_path / "checkout"
-    (root / "csrc" / "gemm").mkdir(parents=True)
-    (root / "csrc" / "gemm" / "a.cu").write_text("// a")
+    (root / "csrc" / "sm90").mkdir(parents=True)
+    (root / "csrc" / "sm90" / "a.cu").write_text("// a")
     (root / "csrc" / "b.h").write_text("// b")
     (root / "csrc" / "unlisted.cu").write_text("// not staged")
     stage = tmp_path / "stage"
-    with compile_steps.staged_sources(root, ["csrc/gemm/a.cu", "csrc/b.h"], stage) as staged:
+    with compile_steps.staged_sources(root, ["csrc/sm90/a.cu", "csrc/b.h"], stage) as staged:
         assert staged == stage
-        assert (stage / "csrc" / "gemm" / "a.cu").read_text() == "// a"
+        assert (stage / "csrc" / "sm90" / "a.cu").read_text() == "// a"
         assert (stage / "csrc" / "b.h").read_text() == "// b"
         assert not (stage / "csrc" / "unlisted.cu").exists()
     assert not stage.exists()
@@ -205,7 +205,7 @@ def test_serialized_wgmma_fails_the_build():
         "serialized due to insufficient register resources for the function 'k'"
     )
     with pytest.raises(compile_steps.CompileError, match="C7512.*serialized"):
-        compile_steps.check_diagnostics("sm_90a nvcc csrc/gemm/linear_mx.cu", serialized)
+        compile_steps.check_diagnostics("sm_90a nvcc csrc/sm90/linear_mx.cu", serialized)
     plain = "ptxas info    : Used 80 registers"
     compile_steps.check_diagnostics("sm_90a nvcc csrc/mxfp8.cu", plain)
 

@@ -1,4 +1,4 @@
-"""mok's grouped expert GEMMs (mok.backends.cuda_gemm, csrc/gemm) against fp32 products per segment.
+"""mok's grouped expert GEMMs (mok.backends.cuda_gemm, csrc/sm90) against fp32 products per segment.
 
 One GPU, no process group. Segments follow the schedule's layout (rows per expert, read on the
 device), including empty experts, a single huge expert and sizes that are not tile multiples;

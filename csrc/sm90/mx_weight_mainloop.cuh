@@ -26,10 +26,10 @@
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/gemm/dispatch_policy.hpp"
-#include "gemm/mx_weight_convert.cuh"
-#include "gemm/mx_weight_steps.cuh"
-#include "gemm/producer_loads.cuh"
-#include "gemm/tables.cuh"
+#include "sm90/mx_weight_convert.cuh"
+#include "sm90/mx_weight_steps.cuh"
+#include "sm90/producer_loads.cuh"
+#include "sm90/tables.cuh"
 
 namespace mok::gemm::detail {
 
@@ -41,7 +41,7 @@ constexpr int kScaleTileK = 128;         // K values one scale tile covers
 // kQueuedBatches + 1 of them, so the producer keeps two loads in flight.
 constexpr int kMxWeightStages = 5;
 
-// kF16 (grouped.h's kLinearMxWeightF16): f16 operands rebased per row, so the conversion is
+// kF16 (grouped_gemm.h's kLinearMxWeightF16): f16 operands rebased per row, so the conversion is
 // E4M3 -> f16 and one f16x2 multiply by the block's f16 factor 2^(E - R_b), read from factor
 // tiles made once per weight (the scale tiles' layout, 2 bytes an entry), and the sums are
 // rescaled before the epilogue by the two rows' exponents, copied with the last k tile.

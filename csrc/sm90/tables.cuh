@@ -9,7 +9,7 @@
 
 #include "cute/tensor.hpp"
 #include "common/mxfp8_format.hpp"
-#include "gemm/grouped.h"
+#include "grouped_gemm.h"
 
 namespace mok::gemm::detail {
 

@@ -18,7 +18,7 @@
 
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
-#include "gemm/producer_loads.cuh"
+#include "sm90/producer_loads.cuh"
 
 namespace mok::gemm::detail {
 
