@@ -203,9 +203,9 @@ def fwd_epilogue(
     | topk_weights   | fp32  | [T, k]         |
     """
     if backends.uses_cuda(combine_buffer.device):
-        from mok.backends import cuda_comm
+        from mok.backends import cuda_epilogue
 
-        return cuda_comm.fwd_epilogue(y_shared, combine_buffer, topk_weights)
+        return cuda_epilogue.fwd_epilogue(y_shared, combine_buffer, topk_weights)
     tokens, topk = topk_weights.shape
     routed = combine_buffer.float().reshape(tokens, topk, -1)
     total = torch.zeros_like(routed[:, 0]) if y_shared is None else y_shared.float()
@@ -225,9 +225,9 @@ def bwd_epilogue(
 ) -> torch.Tensor:
     """d_x[t] = bf16(d_x_shared[t] + sum_j d_x_routed_buffer[t * k + j]), fp32, j in order."""
     if backends.uses_cuda(d_x_routed_buffer.device):
-        from mok.backends import cuda_comm
+        from mok.backends import cuda_epilogue
 
-        return cuda_comm.bwd_epilogue(d_x_shared, d_x_routed_buffer, topk)
+        return cuda_epilogue.bwd_epilogue(d_x_shared, d_x_routed_buffer, topk)
     routed = d_x_routed_buffer.float().reshape(-1, topk, d_x_routed_buffer.shape[1])
     total = torch.zeros_like(routed[:, 0]) if d_x_shared is None else d_x_shared.float()
     for slot in range(topk):

@@ -1,5 +1,5 @@
 """The shared expert's engine on CUDA (cuBLAS GEMMs over every token row) and the elementwise
-steps it shares with the routed experts' engine (mok.backends.cuda_moe.HopperGemms)."""
+steps it shares with the routed experts' engine (mok.backends.cuda_routed_gemms.HopperGemms)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from mok import backends, workspace
-from mok.backends.cuda_moe import CudaEngine, GroupedGemms, HopperGemms
+from mok.backends.cuda_moe import CudaEngine
+from mok.backends.cuda_routed_gemms import GroupedGemms, HopperGemms
 from mok.backends.reference import ReferenceEngine
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)

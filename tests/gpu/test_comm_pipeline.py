@@ -31,7 +31,7 @@ from comm_helpers import (
 )
 from gpu_helpers import gb_per_s
 
-from mok.backends import cuda_comm, reference
+from mok.backends import cuda_comm, cuda_epilogue, reference
 
 # The fixtures device, seed and workspaces come from tests/gpu/conftest.py.
 pytestmark = [pytest.mark.gpu, *([pytest.mark.multi_gpu] if WORLD > 1 else [])]
@@ -56,7 +56,7 @@ def test_forward_composed_with_minimal_barriers(shape, seed, workspaces):
         skew(rng)
         y = (x_rows.float() * -0.5).to(torch.bfloat16)  # exact: stands in for the experts
         cuda_comm.push_rows(ws, y, sched, "combine_buffer", zero_fill=False, sync_before=False)
-        out = cuda_comm.fwd_epilogue(shared, ws.combine_buffer, weights)
+        out = cuda_epilogue.fwd_epilogue(shared, ws.combine_buffer, weights)
         want_rows = reference.pull_rows(ws.x_buffer, sched[0], sched[1], ws.topk, ws.group_name)
         want_combine = torch.zeros_like(ws.combine_buffer)
         want_y = (want_rows.float() * -0.5).to(torch.bfloat16)
@@ -102,8 +102,8 @@ def _graph_step(ws, s: dict[str, torch.Tensor]) -> list[torch.Tensor]:
     rw_rows = cuda_comm.pull_router_weights(ws, sched)
     cuda_comm.push_rows(ws, s["rows"], sched, "combine_buffer")
     cuda_comm.push_rows(ws, s["rw_rows"], sched, "d_router_weight_buffer")
-    out = cuda_comm.fwd_epilogue(s["shared"], ws.combine_buffer, s["router_weights"])
-    d_x = cuda_comm.bwd_epilogue(None, ws.combine_buffer, ws.topk)
+    out = cuda_epilogue.fwd_epilogue(s["shared"], ws.combine_buffer, s["router_weights"])
+    d_x = cuda_epilogue.bwd_epilogue(None, ws.combine_buffer, ws.topk)
     combine = ws.combine_buffer.clone()
     return [gathered, x_rows, rw_rows, combine, ws.d_router_weight_buffer.clone(), out, d_x]
 

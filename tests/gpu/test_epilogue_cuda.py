@@ -1,4 +1,4 @@
-"""The CUDA combine epilogues (mok.backends.cuda_comm.fwd_epilogue / bwd_epilogue) against the
+"""The CUDA combine epilogues (mok.backends.cuda_epilogue.fwd_epilogue / bwd_epilogue) against the
 arithmetic of mok.ops.fwd_epilogue / bwd_epilogue, bit for bit. One GPU, no process group.
 
 The oracle runs the reference's PyTorch loop on the CPU (so no GPU arithmetic mode can touch it)
@@ -14,7 +14,7 @@ import torch
 from gpu_helpers import device_copy_gb_per_s, gb_per_s, module_seed, requires_gpu_module
 
 from mok import ops
-from mok.backends import cuda_comm
+from mok.backends import cuda_epilogue
 
 pytestmark = pytest.mark.gpu
 
@@ -88,12 +88,12 @@ def _cpu(t):
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 def test_fwd_epilogue_matches_reference_bits(case, seed):
     shared, combine, weights = _inputs(case, seed)
-    got = cuda_comm.fwd_epilogue(shared, combine, weights)
+    got = cuda_epilogue.fwd_epilogue(shared, combine, weights)
     topk = case[2]
     _assert_bits("vs CPU oracle", got, _oracle(_cpu(shared), combine.cpu(), weights.cpu(), topk))
     _assert_bits("vs GPU oracle", got, _oracle(shared, combine, weights, topk))
     _assert_bits("vs mok.ops.fwd_epilogue", got, ops.fwd_epilogue(shared, combine, weights))
-    _assert_bits("second call", cuda_comm.fwd_epilogue(shared, combine, weights), got)
+    _assert_bits("second call", cuda_epilogue.fwd_epilogue(shared, combine, weights), got)
 
 
 @requires_module
@@ -101,7 +101,7 @@ def test_fwd_epilogue_matches_reference_bits(case, seed):
 def test_bwd_epilogue_matches_reference_bits(case, seed):
     shared, routed, _ = _inputs(case, seed)
     topk = case[2]
-    got = cuda_comm.bwd_epilogue(shared, routed, topk)
+    got = cuda_epilogue.bwd_epilogue(shared, routed, topk)
     _assert_bits("vs CPU oracle", got, _oracle(_cpu(shared), routed.cpu(), None, topk))
     _assert_bits("vs GPU oracle", got, _oracle(shared, routed, None, topk))
     _assert_bits("vs mok.ops.bwd_epilogue", got, ops.bwd_epilogue(shared, routed, topk))
@@ -114,24 +114,8 @@ def test_misaligned_and_strided_inputs(seed):
     shifted = flat[1:].view(combine.shape)  # starts 2 bytes into an allocation
     shifted.copy_(combine)
     strided_weights = weights.t().contiguous().t()  # same values, column-major
-    got = cuda_comm.fwd_epilogue(shared, shifted, strided_weights)
+    got = cuda_epilogue.fwd_epilogue(shared, shifted, strided_weights)
     _assert_bits("misaligned/strided", got, _oracle(shared, combine, weights, 4))
-
-
-@requires_module
-def test_rejects_bad_arguments():
-    combine = torch.zeros(8, 128, dtype=torch.bfloat16, device="cuda")
-    weights = torch.zeros(4, 2, dtype=torch.float32, device="cuda")
-    with pytest.raises(TypeError, match="bfloat16"):
-        cuda_comm.fwd_epilogue(None, combine.float(), weights)
-    with pytest.raises(ValueError, match="topk_weights"):
-        cuda_comm.fwd_epilogue(None, combine, weights[:3])
-    with pytest.raises(ValueError, match="shared"):
-        cuda_comm.fwd_epilogue(combine, combine, weights)
-    with pytest.raises(ValueError, match="multiple of 8"):
-        cuda_comm.bwd_epilogue(None, combine[:, :100], 2)
-    with pytest.raises(ValueError, match="topk"):
-        cuda_comm.bwd_epilogue(None, combine, 0)
 
 
 @requires_module
@@ -142,7 +126,7 @@ def test_bandwidth(seed, capsys):
     moved = (combine.numel() + 2 * shared.numel()) * 2
     copy = device_copy_gb_per_s(moved // 2)
     weights = weights.repeat(1, topk)
-    fwd = gb_per_s(moved, lambda: cuda_comm.fwd_epilogue(shared, combine, weights))
+    fwd = gb_per_s(moved, lambda: cuda_epilogue.fwd_epilogue(shared, combine, weights))
     with capsys.disabled():
         print(f"\nfwd epilogue T={tokens} H={hidden} k={topk} on {torch.cuda.get_device_name()}:")
         print(f"  device copy (read + write): {copy:7.0f} GB/s")

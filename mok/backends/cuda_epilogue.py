@@ -1,0 +1,101 @@
+"""The combine epilogues on CUDA (csrc/epilogue.cu): each token's k routed rows summed in fp32 in
+slot order onto its shared-expert row, weighted by the router weights in the forward. Bit for
+bit the arithmetic of mok.ops.fwd_epilogue / bwd_epilogue's reference loops.
+
+Neither allocates anything but its output nor synchronises, so both are capturable in a CUDA
+graph; they run on `torch.cuda.current_stream()`. Inputs may start at any 2-byte address and
+have any strides (they are copied to aligned, contiguous ones first).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mok import _extension
+from mok._checks import check_range, check_tensor
+
+
+def fwd_epilogue(
+    y_shared: torch.Tensor | None, combine_buffer: torch.Tensor, topk_weights: torch.Tensor
+) -> torch.Tensor:
+    """out[t] = bf16(y_shared[t] + sum_j w[t, j] * combine_buffer[t * k + j]), fp32, j in order
+    (bit for bit `mok.ops.fwd_epilogue`'s reference arithmetic).
+
+    | argument       | dtype | shape          |
+    |----------------|-------|----------------|
+    | y_shared       | bf16  | [T, H] or None |
+    | combine_buffer | bf16  | [T * k, H]     |
+    | topk_weights   | fp32  | [T, k]         |
+    | output         | bf16  | [T, H]         |
+    """
+    weights = check_tensor(
+        "topk_weights", topk_weights, dtype=torch.float32, shape=(None, None), dims=("T", "k"),
+        contiguous=False,
+    )  # fmt: skip
+    topk = weights.shape[1]
+    _check_routed("combine_buffer", combine_buffer, topk)
+    tokens, hidden = combine_buffer.shape[0] // topk, combine_buffer.shape[1]
+    check_tensor(
+        "topk_weights", weights, dtype=torch.float32, shape=(tokens, topk), dims=("T", "k"),
+        device=combine_buffer.device, contiguous=False,
+    )  # fmt: skip
+    _check_shared("y_shared", y_shared, combine_buffer, tokens, hidden)
+    return _launch(y_shared, combine_buffer, weights, topk)
+
+
+def bwd_epilogue(
+    d_x_shared: torch.Tensor | None, d_x_routed_buffer: torch.Tensor, topk: int
+) -> torch.Tensor:
+    """d_x[t] = bf16(d_x_shared[t] + sum_j d_x_routed_buffer[t * k + j]), fp32, j in order
+    (bit for bit `mok.ops.bwd_epilogue`'s reference arithmetic). Shapes as `fwd_epilogue`;
+    `topk` in [1, 255]."""
+    check_range("topk", topk, 1, 255)
+    _check_routed("d_x_routed_buffer", d_x_routed_buffer, topk)
+    tokens, hidden = d_x_routed_buffer.shape[0] // topk, d_x_routed_buffer.shape[1]
+    _check_shared("d_x_shared", d_x_shared, d_x_routed_buffer, tokens, hidden)
+    return _launch(d_x_shared, d_x_routed_buffer, None, topk)
+
+
+def _check_routed(name: str, routed: object, topk: int) -> None:
+    """bf16 [T * k, H] with H a multiple of 8 (the kernel moves 16-byte chunks)."""
+    check_tensor(
+        name, routed, dtype=torch.bfloat16, shape=(None, None), dims=("T * k", "H"),
+        contiguous=False,
+    )  # fmt: skip
+    rows, hidden = routed.shape
+    if rows % topk or hidden % 8:
+        raise ValueError(
+            f"`{name}` must be bf16 [T * k, H] with k = {topk} and H a multiple of 8, "
+            f"got {list(routed.shape)}"
+        )
+
+
+def _check_shared(name: str, shared, routed: torch.Tensor, tokens: int, hidden: int) -> None:
+    if shared is not None:
+        check_tensor(
+            name, shared, dtype=torch.bfloat16, shape=(tokens, hidden), dims=("T", "H"),
+            device=routed.device, contiguous=False,
+        )  # fmt: skip
+
+
+def _launch(shared, routed, weights, topk: int) -> torch.Tensor:
+    tokens, hidden = routed.shape[0] // topk, routed.shape[1]
+    out = torch.empty((tokens, hidden), dtype=torch.bfloat16, device=routed.device)
+    if out.numel() == 0:
+        return out
+    # Hold the (possibly copied) inputs until the launch is enqueued.
+    shared = None if shared is None else _extension.aligned(shared)
+    weights = None if weights is None else weights.contiguous()
+    routed = _extension.aligned(routed)
+    _extension.launch(
+        routed.device,
+        "comm_epilogue",
+        shared=0 if shared is None else shared.data_ptr(),
+        routed=routed.data_ptr(),
+        weights=0 if weights is None else weights.data_ptr(),
+        out=out.data_ptr(),
+        tokens=tokens,
+        hidden=hidden,
+        topk=topk,
+    )
+    return out
