@@ -32,6 +32,7 @@ precedes the pushes (`zero_fill=True`, `zero_destination`); a caller that passes
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -40,6 +41,7 @@ from mok import _extension, _routes
 from mok.workspace import MoKWorkspace
 
 _DEFAULT_TIMEOUT_S = 5.0
+_MAX_TIMEOUT_S = 1e9
 _PULL_SOURCES = ("x_buffer", "d_y_buffer")  # [T, H] buffers whose rows are tokens
 _PUSH_DESTINATIONS = ("combine_buffer", "d_x_routed_buffer", "d_router_weight_buffer")
 
@@ -47,9 +49,16 @@ _PUSH_DESTINATIONS = ("combine_buffer", "d_x_routed_buffer", "d_router_weight_bu
 def timeout_ns() -> int:
     """The barrier's wait bound: MOK_COMM_TIMEOUT_S seconds (default 5), in nanoseconds."""
     text = os.environ.get("MOK_COMM_TIMEOUT_S", "")
-    seconds = float(text) if text else _DEFAULT_TIMEOUT_S
-    if not seconds > 0:
-        raise ValueError(f"MOK_COMM_TIMEOUT_S must be a positive number of seconds, got {text!r}")
+    try:
+        seconds = float(text) if text else _DEFAULT_TIMEOUT_S
+    except ValueError:
+        seconds = math.nan
+    # The kernels take the bound as uint64 nanoseconds (at most ~584 years); 1e9 s is far inside.
+    if not 0 < seconds < _MAX_TIMEOUT_S:
+        raise ValueError(
+            f"MOK_COMM_TIMEOUT_S must be a number of seconds in (0, {_MAX_TIMEOUT_S:.0e}), "
+            f"got {text!r}"
+        )
     return int(seconds * 1e9)
 
 

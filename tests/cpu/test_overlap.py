@@ -1,6 +1,6 @@
-"""Where the passes run exchanges in the background (mok.backends.moe) and the knob that sizes
-them (MOK_OVERLAP_CTAS). The GPU side, bitwise equality with foreground exchanges, is in
-tests/gpu/test_functional_cuda.py."""
+"""Where the passes run exchanges in the background (mok.backends.moe), the knob that sizes them
+(MOK_OVERLAP_CTAS) and the exchanges' wait bound (MOK_COMM_TIMEOUT_S). The GPU side, bitwise
+equality with foreground exchanges, is in tests/gpu/test_functional_cuda.py."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import torch
 
 from mok.backends import moe
 from mok.backends import reference_experts as experts
+from mok.backends.cuda_comm import timeout_ns
 from mok.backends.cuda_dense import sm_carveout
 from mok.backends.cuda_moe import background_ctas
 from mok.ops import mxfp8_quantize
@@ -218,6 +219,21 @@ def test_overlap_ctas_rejects_bad_values(monkeypatch, text):
     monkeypatch.setenv("MOK_OVERLAP_CTAS", text)
     with pytest.raises(ValueError, match="MOK_OVERLAP_CTAS must be a CTA count >= 0"):
         background_ctas()
+
+
+def test_comm_timeout_knob(monkeypatch):
+    monkeypatch.delenv("MOK_COMM_TIMEOUT_S", raising=False)
+    assert timeout_ns() == 5_000_000_000
+    monkeypatch.setenv("MOK_COMM_TIMEOUT_S", "0.25")
+    assert timeout_ns() == 250_000_000
+
+
+@pytest.mark.parametrize("text", ["0", "-1", "soon", "nan", "inf", "1e10"])
+def test_comm_timeout_rejects_bad_values(monkeypatch, text):
+    """Named errors, not float()'s bare one or an int that overflows the kernel's argument."""
+    monkeypatch.setenv("MOK_COMM_TIMEOUT_S", text)
+    with pytest.raises(ValueError, match=r"MOK_COMM_TIMEOUT_S must be a number of seconds in"):
+        timeout_ns()
 
 
 def test_sm_carveout_is_scoped():
