@@ -61,7 +61,12 @@ def check_shared(shared, hidden: int, inter: int, device) -> None:
     if all(w is None for w in shared):
         return
     if any(w is None for w in shared):
-        raise ValueError("shared expert weights must be all None or all tensors")
+        names = [f"`shared_{name}_weights`" for name in ("gate", "up", "down")]
+        missing = ", ".join(n for n, w in zip(names, shared, strict=True) if w is None)
+        raise ValueError(
+            f"{missing} None but not the others: the shared expert's weights must be all "
+            "None (no shared expert) or all tensors"
+        )
     for (name, (shape, dims)), weight in zip(
         _shapes(1, inter, hidden).items(), shared, strict=True
     ):
@@ -75,8 +80,9 @@ def check_shared(shared, hidden: int, inter: int, device) -> None:
         )
 
 
-def check_routed_bf16(routed, hidden: int, device) -> tuple[int, int]:
-    """routed = (gate, up, down) bf16. Returns (E, I)."""
+def check_routed_bf16(routed, hidden: int, device, num_experts=None) -> tuple[int, int]:
+    """routed = (gate, up, down) bf16 with `num_experts` (None: any) local experts. Returns
+    (E, I)."""
     gate = check_tensor(
         "routed_gate_weights",
         routed[0],
@@ -85,6 +91,7 @@ def check_routed_bf16(routed, hidden: int, device) -> tuple[int, int]:
         dims=("E", "I", "H"),
         device=device,
     )
+    _check_experts(gate.shape[0], num_experts, gate)
     num_experts, inter = gate.shape[0], gate.shape[1]
     _check_inter(inter)
     for (name, (shape, dims)), weight in zip(
@@ -94,6 +101,16 @@ def check_routed_bf16(routed, hidden: int, device) -> tuple[int, int]:
             f"routed_{name}_weights", weight, dtype=BF16, shape=shape, dims=dims, device=device
         )
     return num_experts, inter
+
+
+def _check_experts(found: int, expected: int | None, gate_data: torch.Tensor) -> None:
+    """The gate weights, read first, fix E for the other two: checked against the schedule's
+    first, so a mismatch names the gate rather than the weight checked after it."""
+    if expected is not None and found != expected:
+        raise ValueError(
+            f"`routed_gate_weights` holds {found} local experts ({describe(gate_data)}) but "
+            f"`schedule` was built for num_local_experts={expected}"
+        )
 
 
 def _check_inter(inter: int) -> None:
@@ -115,19 +132,23 @@ def check_mx_pair(name: str, pair, shape, dims, device) -> None:
     check_tensor(f"{name}[1]", pair[1], dtype=U8, shape=scale_shape(shape), device=device)
 
 
-def check_routed_mxfp8(routed, hidden: int, device, *, backward: bool) -> tuple[int, int]:
+def check_routed_mxfp8(
+    routed, hidden: int, device, *, backward: bool, num_experts=None
+) -> tuple[int, int]:
     """Forward: three (fp8, scale) pairs. Backward: gate/up (fp8, sc, fp8_t, sc_t), down
-    (fp8_t, sc_t). Returns (E, I)."""
+    (fp8_t, sc_t). `num_experts` as in check_routed_bf16. Returns (E, I)."""
     width = (4, 4, 2) if backward else (2, 2, 2)
     for name, form, size in zip(("gate", "up", "down"), routed, width, strict=True):
         if not isinstance(form, tuple | list) or len(form) != size:
             raise TypeError(
                 f"`routed_{name}_weights` must be a {size}-tuple in MXFP8 mode, "
-                f"got {describe(form)}"
+                f"got {describe(form)} (a tuple or list as `routed_gate_weights` selects "
+                "MXFP8 mode; BF16 mode takes three bf16 tensors)"
             )
     first = routed[0][0]
     if not isinstance(first, torch.Tensor) or first.dim() != 3:
         raise ValueError(f"`routed_gate_weights[0]` must be fp8 [E, I, H], got {describe(first)}")
+    _check_experts(first.shape[0], num_experts, first)
     num_experts, inter = first.shape[0], first.shape[1]
     _check_inter(inter)
     shapes = _shapes(num_experts, inter, hidden)

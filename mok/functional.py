@@ -102,14 +102,11 @@ def validate_inputs(
     routed = (routed_gate_weights, routed_up_weights, routed_down_weights)
     mxfp8 = _validate.is_mxfp8(routed_gate_weights)
     if mxfp8:
-        experts, inter = _validate.check_routed_mxfp8(routed, hidden, device, backward=backward)
-    else:
-        experts, inter = _validate.check_routed_bf16(routed, hidden, device)
-    if experts != sched_experts:
-        raise ValueError(
-            f"routed weights hold {experts} local experts but `schedule` was built "
-            f"for num_local_experts={sched_experts}"
+        _, inter = _validate.check_routed_mxfp8(
+            routed, hidden, device, backward=backward, num_experts=sched_experts
         )
+    else:
+        _, inter = _validate.check_routed_bf16(routed, hidden, device, sched_experts)
     shared = (shared_gate_weights, shared_up_weights, shared_down_weights)
     _validate.check_shared(shared, hidden, inter, device)
     return mxfp8

@@ -106,9 +106,28 @@ FORWARD_ERRORS = {
         "routed_gate_weights",
         lambda a: torch.cat([a, a]),
         ValueError,
-        "routed_up_weights|local experts",
+        r"`routed_gate_weights` holds 4 local experts \(bf16 \[4, 128, 128\] on cpu\) but "
+        r"`schedule` was built for num_local_experts=2",
     ),
-    "shared-partial": ("shared_up_weights", lambda a: None, ValueError, "all None or all tensors"),
+    "no-experts": (
+        "routed_gate_weights",
+        lambda a: a[:0],
+        ValueError,
+        r"`routed_gate_weights` holds 0 local experts",
+    ),
+    "shared-partial": (
+        "shared_up_weights",
+        lambda a: None,
+        ValueError,
+        r"`shared_up_weights` None but not the others: .* all None \(no shared expert\) or all",
+    ),
+    "gate-list-selects-mxfp8": (
+        "routed_gate_weights",
+        lambda a: a.tolist(),
+        TypeError,
+        r"`routed_up_weights` must be a 2-tuple in MXFP8 mode, got bf16 .* \(a tuple or list as "
+        r"`routed_gate_weights` selects MXFP8 mode; BF16 mode takes three bf16 tensors\)",
+    ),
     "shared-shape": (
         "shared_down_weights",
         lambda a: a[:64],
