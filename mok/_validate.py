@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from mok._checks import check_tensor, describe
+from mok._checks import check_range, check_tensor, describe
 
 BF16, FP8, U8 = torch.bfloat16, torch.float8_e4m3fn, torch.uint8
 
@@ -176,3 +176,58 @@ def check_routed_mxfp8(
 def is_mxfp8(routed_gate_weights) -> bool:
     """The weight form decides the mode: tuples are MXFP8, tensors BF16."""
     return isinstance(routed_gate_weights, tuple | list)
+
+
+def check_fwd_epilogue(y_shared, combine_buffer, topk_weights) -> int:
+    """fwd_epilogue's arguments: y_shared bf16 [T, H] or None, combine_buffer bf16 [T * k, H],
+    topk_weights fp32 [T, k]. Returns k."""
+    weights = check_tensor("topk_weights", topk_weights, dtype=torch.float32, shape=(None, None),
+                           dims=("T", "k"), contiguous=False)  # fmt: skip
+    tokens, topk = weights.shape
+    _check_routed_rows("combine_buffer", combine_buffer, topk)
+    rows, hidden = combine_buffer.shape
+    check_tensor("topk_weights", weights, dtype=torch.float32, shape=(rows // topk, topk),
+                 dims=("T", "k"), device=combine_buffer.device, contiguous=False)  # fmt: skip
+    _check_token_rows("y_shared", y_shared, combine_buffer, tokens, hidden)
+    return topk
+
+
+def check_bwd_epilogue(d_x_shared, d_x_routed_buffer, topk: int | None) -> int:
+    """bwd_epilogue's arguments: d_x_shared bf16 [T, H] or None, d_x_routed_buffer bf16
+    [T * k, H], topk in [1, 255] or None (then T comes from d_x_shared). Returns k."""
+    if topk is None:
+        if d_x_shared is None:
+            raise ValueError("`topk` must be given when `d_x_shared` is None (no shared expert)")
+        any_2d = {"dtype": BF16, "shape": (None, None), "contiguous": False}
+        shared = check_tensor("d_x_shared", d_x_shared, dims=("T", "H"), **any_2d)
+        routed = check_tensor("d_x_routed_buffer", d_x_routed_buffer, dims=("T * k", "H"), **any_2d)
+        tokens, rows = shared.shape[0], routed.shape[0]
+        if tokens == 0 or rows % tokens:
+            raise ValueError(
+                f"`d_x_routed_buffer` must have T * k rows for `d_x_shared`'s T = {tokens}, "
+                f"got {rows}: pass `topk`"
+            )
+        topk = rows // tokens
+    check_range("topk", topk, 1, 255)
+    _check_routed_rows("d_x_routed_buffer", d_x_routed_buffer, topk)
+    rows, hidden = d_x_routed_buffer.shape
+    _check_token_rows("d_x_shared", d_x_shared, d_x_routed_buffer, rows // topk, hidden)
+    return topk
+
+
+def _check_routed_rows(name: str, routed, topk: int) -> None:
+    """bf16 [T * k, H] with H a multiple of 8 (the CUDA kernel moves 16-byte chunks)."""
+    check_tensor(name, routed, dtype=BF16, shape=(None, None), dims=("T * k", "H"),
+                 contiguous=False)  # fmt: skip
+    rows, hidden = routed.shape
+    if rows % topk or hidden % 8:
+        raise ValueError(
+            f"`{name}` must be bf16 [T * k, H] with k = {topk} and H a multiple of 8, "
+            f"got {list(routed.shape)}"
+        )
+
+
+def _check_token_rows(name: str, shared, routed: torch.Tensor, tokens: int, hidden: int) -> None:
+    if shared is not None:
+        check_tensor(name, shared, dtype=BF16, shape=(tokens, hidden), dims=("T", "H"),
+                     device=routed.device, contiguous=False)  # fmt: skip

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from mok import backends
+from mok import _validate, backends
 from mok import mxfp8 as mxfp8_format
 from mok._checks import check_tensor
 from mok._custom_op import custom_op
@@ -107,13 +107,12 @@ def _(barrier_buffer, barrier_buffer_ptrs, barrier_buffer_multicast_ptr, target,
     return None
 
 
-@custom_op("mok::schedule", mutates_args=("status",))
 def schedule(
     topk_all: torch.Tensor,
     num_local_experts: int,
     schedule_capacity: int,
     rank: int,
-    status: torch.Tensor,
+    status: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The routed-row schedule of destination `rank` (see reference.schedule for the order).
 
@@ -124,8 +123,46 @@ def schedule(
     | num_tokens        | int32 | [1]   |
     | tokens_per_expert | int32 | [E]   |
 
-    `status` (int32 [1], mok) records a capacity overflow instead of trapping.
+    `status` (mok; int32 [1], optional) records a capacity overflow instead of trapping. Without
+    it an overflow could not be reported, so `schedule_capacity` must then cover the worst
+    case, every route of `topk_all` to this rank (`schedule_worst_case_rows`). The op itself,
+    `torch.ops.mok.schedule` (`schedule_op`), takes `status` always: torch's custom ops cannot
+    leave out a tensor they write.
     """
+    if status is None:
+        check_tensor("topk_all", topk_all, dtype=torch.int32, shape=(None, None, None),
+                     dims=("EP", "T", "k"))  # fmt: skip
+        worst = schedule_worst_case_rows(topk_all.numel(), num_local_experts)
+        if schedule_capacity < worst:
+            raise ValueError(
+                f"`schedule_capacity` must be at least {worst} without `status` (every one of "
+                f"topk_all's {topk_all.numel()} routes to this rank, each of "
+                f"{num_local_experts} experts padded to 256 rows), got {schedule_capacity}: "
+                "pass `status` (int32 [1]) to have an overflow recorded instead"
+            )
+        status = torch.zeros(1, dtype=torch.int32, device=topk_all.device)
+    return schedule_op(topk_all, num_local_experts, schedule_capacity, rank, status)
+
+
+def schedule_worst_case_rows(routes: int, num_local_experts: int) -> int:
+    """The most rows a schedule of `routes` routes over `num_local_experts` experts can need:
+    each expert's segment is padded to a multiple of 256, so at most min(E, routes) segments
+    add at most 255 rows each."""
+    if num_local_experts < 1:
+        raise ValueError(f"`num_local_experts` must be >= 1, got {num_local_experts}")
+    padded = routes + 255 * min(num_local_experts, routes)
+    return padded // 256 * 256
+
+
+@custom_op("mok::schedule", mutates_args=("status",))
+def schedule_op(
+    topk_all: torch.Tensor,
+    num_local_experts: int,
+    schedule_capacity: int,
+    rank: int,
+    status: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`schedule` with its status word (int32 [1]) given."""
     check_tensor(
         "topk_all", topk_all, dtype=torch.int32, shape=(None, None, None), dims=("EP", "T", "k")
     )
@@ -142,7 +179,7 @@ def schedule(
     return reference.schedule(topk_all, num_local_experts, schedule_capacity, rank, status)
 
 
-@schedule.register_fake
+@schedule_op.register_fake
 def _(topk_all, num_local_experts, schedule_capacity, rank, status):
     index = topk_all.new_empty((schedule_capacity,))
     return (
@@ -206,6 +243,7 @@ def fwd_epilogue(
         from mok.backends import cuda_epilogue
 
         return cuda_epilogue.fwd_epilogue(y_shared, combine_buffer, topk_weights)
+    _validate.check_fwd_epilogue(y_shared, combine_buffer, topk_weights)
     tokens, topk = topk_weights.shape
     routed = combine_buffer.float().reshape(tokens, topk, -1)
     total = torch.zeros_like(routed[:, 0]) if y_shared is None else y_shared.float()
@@ -221,13 +259,17 @@ def _(y_shared, combine_buffer, topk_weights):
 
 @custom_op("mok::bwd_epilogue", mutates_args=())
 def bwd_epilogue(
-    d_x_shared: torch.Tensor | None, d_x_routed_buffer: torch.Tensor, topk: int
+    d_x_shared: torch.Tensor | None, d_x_routed_buffer: torch.Tensor, topk: int | None = None
 ) -> torch.Tensor:
-    """d_x[t] = bf16(d_x_shared[t] + sum_j d_x_routed_buffer[t * k + j]), fp32, j in order."""
+    """d_x[t] = bf16(d_x_shared[t] + sum_j d_x_routed_buffer[t * k + j]), fp32, j in order.
+
+    `topk` (mok) may be left out when `d_x_shared` is given (k = rows / T, as the original
+    infers it); without a shared expert it says how the rows group into tokens."""
     if backends.uses_cuda(d_x_routed_buffer.device):
         from mok.backends import cuda_epilogue
 
         return cuda_epilogue.bwd_epilogue(d_x_shared, d_x_routed_buffer, topk)
+    topk = _validate.check_bwd_epilogue(d_x_shared, d_x_routed_buffer, topk)
     routed = d_x_routed_buffer.float().reshape(-1, topk, d_x_routed_buffer.shape[1])
     total = torch.zeros_like(routed[:, 0]) if d_x_shared is None else d_x_shared.float()
     for slot in range(topk):
@@ -236,7 +278,6 @@ def bwd_epilogue(
 
 
 @bwd_epilogue.register_fake
-def _(d_x_shared, d_x_routed_buffer, topk):
-    return d_x_routed_buffer.new_empty(
-        (d_x_routed_buffer.shape[0] // topk, d_x_routed_buffer.shape[1])
-    )
+def _(d_x_shared, d_x_routed_buffer, topk=None):
+    tokens = d_x_routed_buffer.shape[0] // topk if topk else d_x_shared.shape[0]
+    return d_x_routed_buffer.new_empty((tokens, d_x_routed_buffer.shape[1]))

@@ -63,7 +63,7 @@ def build_schedule(
     check_range("num_local_experts", num_local_experts, 1, (2**31 - 1) // ws.ep_size)
     num_experts = ws.ep_size * num_local_experts
     routing = _routing(top_experts, num_experts, ws.status)
-    result = direct(ops.schedule)(
+    result = direct(ops.schedule_op)(
         _all_gather(ws, config, routing),
         num_local_experts,
         ws.schedule_rows(num_local_experts),

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from mok import _extension
-from mok._checks import check_range, check_tensor
+from mok import _extension, _validate
 
 
 def fwd_epilogue(
@@ -28,54 +27,18 @@ def fwd_epilogue(
     | topk_weights   | fp32  | [T, k]         |
     | output         | bf16  | [T, H]         |
     """
-    weights = check_tensor(
-        "topk_weights", topk_weights, dtype=torch.float32, shape=(None, None), dims=("T", "k"),
-        contiguous=False,
-    )  # fmt: skip
-    topk = weights.shape[1]
-    _check_routed("combine_buffer", combine_buffer, topk)
-    tokens, hidden = combine_buffer.shape[0] // topk, combine_buffer.shape[1]
-    check_tensor(
-        "topk_weights", weights, dtype=torch.float32, shape=(tokens, topk), dims=("T", "k"),
-        device=combine_buffer.device, contiguous=False,
-    )  # fmt: skip
-    _check_shared("y_shared", y_shared, combine_buffer, tokens, hidden)
-    return _launch(y_shared, combine_buffer, weights, topk)
+    topk = _validate.check_fwd_epilogue(y_shared, combine_buffer, topk_weights)
+    return _launch(y_shared, combine_buffer, topk_weights, topk)
 
 
 def bwd_epilogue(
-    d_x_shared: torch.Tensor | None, d_x_routed_buffer: torch.Tensor, topk: int
+    d_x_shared: torch.Tensor | None, d_x_routed_buffer: torch.Tensor, topk: int | None = None
 ) -> torch.Tensor:
     """d_x[t] = bf16(d_x_shared[t] + sum_j d_x_routed_buffer[t * k + j]), fp32, j in order
     (bit for bit `mok.ops.bwd_epilogue`'s reference arithmetic). Shapes as `fwd_epilogue`;
-    `topk` in [1, 255]."""
-    check_range("topk", topk, 1, 255)
-    _check_routed("d_x_routed_buffer", d_x_routed_buffer, topk)
-    tokens, hidden = d_x_routed_buffer.shape[0] // topk, d_x_routed_buffer.shape[1]
-    _check_shared("d_x_shared", d_x_shared, d_x_routed_buffer, tokens, hidden)
+    `topk` in [1, 255], or None to take T from `d_x_shared`."""
+    topk = _validate.check_bwd_epilogue(d_x_shared, d_x_routed_buffer, topk)
     return _launch(d_x_shared, d_x_routed_buffer, None, topk)
-
-
-def _check_routed(name: str, routed: object, topk: int) -> None:
-    """bf16 [T * k, H] with H a multiple of 8 (the kernel moves 16-byte chunks)."""
-    check_tensor(
-        name, routed, dtype=torch.bfloat16, shape=(None, None), dims=("T * k", "H"),
-        contiguous=False,
-    )  # fmt: skip
-    rows, hidden = routed.shape
-    if rows % topk or hidden % 8:
-        raise ValueError(
-            f"`{name}` must be bf16 [T * k, H] with k = {topk} and H a multiple of 8, "
-            f"got {list(routed.shape)}"
-        )
-
-
-def _check_shared(name: str, shared, routed: torch.Tensor, tokens: int, hidden: int) -> None:
-    if shared is not None:
-        check_tensor(
-            name, shared, dtype=torch.bfloat16, shape=(tokens, hidden), dims=("T", "H"),
-            device=routed.device, contiguous=False,
-        )  # fmt: skip
 
 
 def _launch(shared, routed, weights, topk: int) -> torch.Tensor:

@@ -37,13 +37,13 @@ def test_every_mok_op_has_a_direct_body():
         "dispatch_mlp_swiglu_combine_bwd_mxfp8",
     ):
         assert name in names
-    body = _custom_op.direct(ops.schedule)
-    assert body is not ops.schedule and body.__name__ == "schedule"
+    body = _custom_op.direct(ops.schedule_op)
+    assert body is not ops.schedule_op and body.__name__ == "schedule_op"
 
 
 def test_direct_is_the_op_while_compiling(monkeypatch):
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    assert _custom_op.direct(ops.schedule) is ops.schedule
+    assert _custom_op.direct(ops.schedule_op) is ops.schedule_op
 
 
 def test_eager_step_bypasses_the_dispatcher(single_rank_group):
