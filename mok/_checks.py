@@ -90,7 +90,10 @@ def check_multiple(name: str, value: int, multiple: int, *, minimum: int = 1) ->
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"`{name}` must be an int, got {describe(value)}")
     if value < minimum or value % multiple != 0:
-        raise ValueError(f"`{name}` must be a multiple of {multiple} and >= {minimum}, got {value}")
+        expected = f">= {minimum}"
+        if multiple != 1:
+            expected = f"a multiple of {multiple} and {expected}"
+        raise ValueError(f"`{name}` must be {expected}, got {value}")
     return value
 
 

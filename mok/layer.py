@@ -13,6 +13,9 @@ from torch import nn
 
 from mok import functional as F
 from mok import ops
+from mok._checks import check_multiple, check_range, describe
+from mok._validate import check_limit
+from mok.workspace import MAX_TOPK
 
 
 class MoEFunction(torch.autograd.Function):
@@ -93,7 +96,14 @@ class MoELayer(nn.Module):
         device: torch.device | str | None = None,
     ):
         super().__init__()
+        # The sizes every call would check, checked once here, before any weight is allocated.
+        check_multiple("hidden_size", hidden_size, 128)
+        check_multiple("intermediate_size", intermediate_size, 128)
+        check_range("topk", topk, 1, MAX_TOPK)
+        check_limit(swiglu_limit)
         ep_size = dist.get_world_size(group) if dist.is_initialized() else 1
+        if isinstance(num_experts, bool) or not isinstance(num_experts, int):
+            raise TypeError(f"`num_experts` must be an int, got {describe(num_experts)}")
         if num_experts < ep_size or num_experts % ep_size:
             raise ValueError(
                 f"`num_experts` must be a positive multiple of the EP group size "

@@ -73,6 +73,21 @@ def test_parameters_and_shapes(single_rank_group):
     assert all(p.dtype == torch.bfloat16 for p in layer.parameters())
 
 
+@pytest.mark.parametrize(
+    ("args", "kwargs", "error", "fragment"),
+    [((100, I, E, K), {}, ValueError, "`hidden_size` must be a multiple of 128"),
+     ((H, 100, E, K), {"mxfp8": True}, ValueError, "`intermediate_size` must be a multiple of 128"),
+     ((H, I, E, 0), {}, ValueError, r"`topk` must be in \[1, 255\], got 0"),
+     ((H, I, 2.0, K), {}, TypeError, "`num_experts` must be an int, got float"),
+     ((H, I, E, K), {"swiglu_limit": -1.0}, ValueError, "`swiglu_limit` must be finite and >= 0")],
+    ids=["hidden", "inter-mxfp8", "topk", "experts-float", "limit"],
+)  # fmt: skip
+def test_sizes_are_checked_before_any_weight(single_rank_group, args, kwargs, error, fragment):
+    """Caught at construction, not at the first call (nor inside the MXFP8 weight quantizer)."""
+    with pytest.raises(error, match=fragment):
+        mok.MoELayer(*args, **kwargs)
+
+
 def test_num_experts_must_divide_over_the_group(single_rank_group):
     with pytest.raises(ValueError, match="`num_experts` must be a positive multiple"):
         mok.MoELayer(H, I, 0, K)

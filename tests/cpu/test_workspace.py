@@ -70,7 +70,7 @@ def test_clear_workspace_cache(single_rank_group):
 @pytest.mark.parametrize(
     ("change", "error", "fragment"),
     [
-        ({"num_local_tokens": 0}, ValueError, "`num_local_tokens`"),
+        ({"num_local_tokens": 0}, ValueError, "`num_local_tokens` must be >= 1, got 0"),
         ({"hidden_size": 192}, ValueError, "`hidden_size` must be a multiple of 128"),
         ({"topk": 0}, ValueError, r"`topk` must be in \[1, 255\], got 0"),
         ({"topk": 256}, ValueError, r"`topk` must be in \[1, 255\], got 256"),
@@ -81,6 +81,18 @@ def test_clear_workspace_cache(single_rank_group):
 def test_invalid_sizes(single_rank_group, change, error, fragment):
     with pytest.raises(error, match=fragment):
         F.create_workspace(F.MoKConfig(), single_rank_group, device="cpu", **{**SIZES, **change})
+
+
+@pytest.mark.parametrize(
+    ("device", "fragment"),
+    [("meta", "`device` must be a CPU or CUDA device, got meta"),
+     ("gpu0", "`device` must name a CPU or CUDA device, got 'gpu0'"),
+     (1.5, "`device` must name a CPU or CUDA device, got 1.5")],
+    ids=["meta", "unknown-name", "float"],
+)  # fmt: skip
+def test_unsupported_devices_are_named(single_rank_group, device, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        F.create_workspace(F.MoKConfig(), single_rank_group, device=device, **SIZES)
 
 
 def test_config_and_group_types(single_rank_group):
