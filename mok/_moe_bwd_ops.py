@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from mok._custom_op import custom_op
+from mok import _validate
+from mok._custom_op import arguments_validated, custom_op
 from mok._moe_ops import OptTensor, Tensor, _shared, check_pass, present
 from mok.backends import moe, select_engine
 
@@ -76,6 +77,10 @@ def dispatch_mlp_swiglu_combine_bwd_bf16(
     routed = (w_routed_gate, w_routed_up, w_routed_down)
     shared_weights = (w_shared_gate, w_shared_up, w_shared_down)
     check_pass(x, schedule, topk, swiglu_limit, routed, shared_weights, mxfp8=False, backward=True)
+    saved = {"x_routed": x_routed, "gate_shared": gate_shared, "gate_routed": gate_routed,
+             "up_shared": up_shared, "up_routed": up_routed, "hidden_shared": hidden_shared,
+             "hidden_routed": hidden_routed}  # fmt: skip
+    _check_saved(saved, x, schedule, w_routed_gate, w_shared_gate, mxfp8=False)
     return _backward(
         (d_y_buffer, router_weight_buffer),
         (d_x_routed_buffer, d_router_weight_buffer),
@@ -154,6 +159,10 @@ def dispatch_mlp_swiglu_combine_bwd_mxfp8(
         (up_fp8_routed, up_sc_routed),
         (hidden_fp8_t_routed, hidden_sc_t_routed),
     )
+    fields = {"x_routed": saved[0], "gate_shared": gate_shared, "gate_routed": saved[1],
+              "up_shared": up_shared, "up_routed": saved[2], "hidden_shared": hidden_shared,
+              "hidden_routed": saved[3]}  # fmt: skip
+    _check_saved(fields, x, schedule, w_routed_gate, w_shared_gate, mxfp8=True)
     return _backward(
         (d_y_buffer, router_weight_buffer),
         (d_x_routed_buffer, d_router_weight_buffer),
@@ -168,6 +177,15 @@ def dispatch_mlp_swiglu_combine_bwd_mxfp8(
         group_name,
         True,
     )
+
+
+def _check_saved(saved: dict, x, schedule, w_routed_gate, w_shared_gate, *, mxfp8: bool) -> None:
+    """The forward's saved tensors against this pass (skipped where the caller checked them)."""
+    if arguments_validated():
+        return
+    sizes = (schedule[0].shape[0], x.shape[0], x.shape[1], w_routed_gate.shape[1])
+    shared = w_shared_gate is not None
+    _validate.check_saved(saved, mxfp8=mxfp8, shared=shared, sizes=sizes, device=x.device)
 
 
 def _backward(

@@ -118,10 +118,10 @@ def _check_inter(inter: int) -> None:
         raise ValueError(f"intermediate size I must be a positive multiple of 128, got {inter}")
 
 
-def scale_shape(shape: tuple[int, int, int]) -> tuple[int, int, int, int]:
-    """Swizzled MXFP8 scale shape for data [E, R, C] quantized along C."""
-    num, rows, cols = shape
-    return (num * rows // 128, cols // 128, 32, 16)
+def scale_shape(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
+    """Swizzled MXFP8 scale shape for data [E, R, C] or [R, C] quantized along C."""
+    *lead, rows, cols = shape
+    return (math.prod(lead) * rows // 128, cols // 128, 32, 16)
 
 
 def check_mx_pair(name: str, pair, shape, dims, device) -> None:
@@ -231,3 +231,48 @@ def _check_token_rows(name: str, shared, routed: torch.Tensor, tokens: int, hidd
     if shared is not None:
         check_tensor(name, shared, dtype=BF16, shape=(tokens, hidden), dims=("T", "H"),
                      device=routed.device, contiguous=False)  # fmt: skip
+
+
+def check_saved(
+    saved: dict, *, mxfp8: bool, shared: bool, sizes: tuple[int, int, int, int], device
+) -> None:
+    """The forward's saved activations, by MoKForwardContext field name (the key may carry a
+    prefix, e.g. "forward_context."), against the backward's mode, shared expert and sizes (C,
+    T, H, I): the kernels read them by address, so a context of another forward must not
+    reach them."""
+    rows, tokens, hidden, inter = sizes
+    routed = {"x_routed": (rows, hidden), "gate_routed": (rows, inter),
+              "up_routed": (rows, inter), "hidden_routed": (rows, inter)}  # fmt: skip
+    for key, value in saved.items():
+        field = key.rsplit(".", 1)[-1]
+        if field in routed:
+            _check_saved_routed(key, value, routed[field], mxfp8, device)
+        elif _present(value) != shared:
+            state = "holds a tensor" if shared is False else "is None"
+            raise ValueError(f"`{key}` {state} but this backward has "
+                             f"{'a' if shared else 'no'} shared expert")  # fmt: skip
+        elif shared:
+            check_tensor(key, value, dtype=BF16, shape=(tokens, inter), dims=("T", "I"),
+                         device=device)  # fmt: skip
+
+
+def _check_saved_routed(key: str, value, shape: tuple[int, int], mxfp8: bool, device) -> None:
+    mode = "MXFP8" if mxfp8 else "bf16"
+    if isinstance(value, tuple | list) != mxfp8:
+        raise TypeError(
+            f"`{key}` is another mode's ({describe(value)}) but the routed weights are {mode}: "
+            "pass them in the forward's mode"
+        )
+    if not mxfp8:
+        check_tensor(key, value, dtype=BF16, shape=shape, device=device)
+    elif key.endswith(("x_routed", "hidden_routed")):  # saved transposed, for the wgrads
+        check_mx_pair(key, value, shape[::-1], None, device)
+    else:
+        check_mx_pair(key, value, shape, None, device)
+
+
+def _present(shared_value) -> bool:
+    """A shared expert's saved tensor: None or 0-size (a fused op's absent output) is none."""
+    if isinstance(shared_value, torch.Tensor):
+        return shared_value.numel() > 0
+    return shared_value is not None

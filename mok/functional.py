@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -222,6 +222,7 @@ def backward(
     mxfp8 = validate_inputs(*args, backward=True)
     check_type("forward_context", forward_context, MoKForwardContext)
     ws = workspace
+    _check_context(forward_context, schedule, ws, routed_gate_weights, shared_gate_weights, mxfp8)
     check_tensor(
         "grad_output",
         grad_output,
@@ -295,6 +296,15 @@ def backward(
     d_router_weights = ws.d_router_weight_buffer.clone()
     _debug_check(ws)
     return (d_x, d_router_weights, out[9], out[11], out[13], out[8], out[10], out[12])
+
+
+def _check_context(ctx, schedule, ws, routed_gate_weights, shared_gate_weights, mxfp8) -> None:
+    """The context's tensors against this backward (the fused op trusts its checked caller)."""
+    gate = routed_gate_weights[0] if mxfp8 else routed_gate_weights
+    sizes = (schedule.peer_rank.shape[0], ws.num_local_tokens, ws.hidden_size, gate.shape[1])
+    saved = {f"forward_context.{f.name}": getattr(ctx, f.name) for f in fields(ctx)}
+    has_shared = shared_gate_weights is not None
+    _validate.check_saved(saved, mxfp8=mxfp8, shared=has_shared, sizes=sizes, device=ws.device)
 
 
 def check_status(workspace: MoKWorkspace) -> None:
