@@ -13,7 +13,7 @@ from torch import nn
 
 from mok import functional as F
 from mok import ops
-from mok._checks import check_multiple, check_range, describe
+from mok._checks import check_multiple, check_range, check_tensor, describe
 from mok._validate import check_limit
 from mok.workspace import MAX_TOPK
 
@@ -78,7 +78,9 @@ class MoELayer(nn.Module):
     | mxfp8             | quantize the routed weights to MXFP8 on every call               |
     | config            | MoKConfig (default MoKConfig())                                  |
 
-    forward(x bf16 [T, H], top_experts int64 [T, k], router_weights fp32 [T, k]) -> bf16 [T, H].
+    forward(x bf16 [T, H], top_experts int64 [T, k], router_weights float [T, k]) -> bf16 [T, H].
+    Unlike the functional API it takes views of any strides (copied when not contiguous) and
+    router weights of any float dtype (used in fp32; their gradient comes back in theirs).
     """
 
     def __init__(
@@ -111,7 +113,8 @@ class MoELayer(nn.Module):
             )
         self.group, self.topk, self.swiglu_limit, self.mxfp8 = group, topk, swiglu_limit, mxfp8
         self.config = config or F.MoKConfig()
-        self.num_local_experts = num_experts // ep_size
+        self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
+        self.num_experts, self.num_local_experts = num_experts, num_experts // ep_size
         shape_in = (self.num_local_experts, intermediate_size, hidden_size)
         shape_out = (self.num_local_experts, hidden_size, intermediate_size)
         self.routed_gate = _weight(shape_in, device)
@@ -122,7 +125,20 @@ class MoELayer(nn.Module):
         self.shared_up = _weight(shape_in[1:], device) if shared else None
         self.shared_down = _weight(shape_out[1:], device) if shared else None
 
+    def extra_repr(self) -> str:
+        return (
+            f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, "
+            f"num_experts={self.num_experts}, num_local_experts={self.num_local_experts}, "
+            f"topk={self.topk}, shared_expert={self.shared_gate is not None}, "
+            f"swiglu_limit={self.swiglu_limit}, mxfp8={self.mxfp8}"
+        )
+
     def forward(self, x: torch.Tensor, top_experts: torch.Tensor, router_weights: torch.Tensor):
+        check_tensor("x", x, dtype=torch.bfloat16, shape=(None, self.hidden_size),
+                     dims=("T", "H"), contiguous=False)  # fmt: skip
+        x, top_experts = x.contiguous(), top_experts.contiguous()
+        if isinstance(router_weights, torch.Tensor) and router_weights.is_floating_point():
+            router_weights = router_weights.float().contiguous()
         workspace = F.get_workspace(
             self.config,
             self.group,

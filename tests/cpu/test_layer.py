@@ -91,3 +91,34 @@ def test_sizes_are_checked_before_any_weight(single_rank_group, args, kwargs, er
 def test_num_experts_must_divide_over_the_group(single_rank_group):
     with pytest.raises(ValueError, match="`num_experts` must be a positive multiple"):
         mok.MoELayer(H, I, 0, K)
+
+
+def test_views_and_low_precision_router_weights(single_rank_group):
+    """Strided views give the contiguous inputs' result; bf16 router weights are used in fp32
+    and get their gradient back in bf16."""
+    layer = mok.MoELayer(H, I, E, K)
+    top, x, rw, grad = _inputs(5)
+    rw_bf16 = rw.bfloat16()
+    want = layer(x, top, rw_bf16.float())
+    x_view = torch.cat([x, x], dim=1)[:, :H]
+    top_view = top.t().contiguous().t()
+    rw_leaf = rw_bf16.clone().requires_grad_()
+    got = layer(x_view, top_view, rw_leaf)
+    assert torch.equal(got, want)
+    got.backward(grad)
+    assert rw_leaf.grad.dtype == torch.bfloat16 and rw_leaf.grad.shape == (T, K)
+
+
+def test_input_shape_and_repr(single_rank_group):
+    layer = mok.MoELayer(H, I, E, K, shared_expert=False)
+    top, x, rw, _ = _inputs(6)
+    with pytest.raises(ValueError, match=r"`x` must be bf16 \[T, H\] = \[\*, 128\], got bf16 "
+                       r"\[2, 12, 128\]"):  # fmt: skip
+        layer(x.reshape(2, T // 2, H), top, rw)
+    with pytest.raises(ValueError, match=r"`x` must be bf16 \[T, H\] = \[\*, 128\], got bf16 "
+                       r"\[24, 256\]"):  # fmt: skip
+        layer(torch.cat([x, x], dim=1), top, rw)
+    assert repr(layer) == (
+        "MoELayer(hidden_size=128, intermediate_size=128, num_experts=3, num_local_experts=3, "
+        "topk=2, shared_expert=False, swiglu_limit=None, mxfp8=False)"
+    )
