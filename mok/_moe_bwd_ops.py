@@ -76,7 +76,9 @@ def dispatch_mlp_swiglu_combine_bwd_bf16(
     schedule = (schedule_peer_rank, schedule_peer_token_idx, num_tokens, tokens_per_expert)
     routed = (w_routed_gate, w_routed_up, w_routed_down)
     shared_weights = (w_shared_gate, w_shared_up, w_shared_down)
-    check_pass(x, schedule, topk, swiglu_limit, routed, shared_weights, mxfp8=False, backward=True)
+    buffer = ("d_x_routed_buffer", d_x_routed_buffer)
+    check_pass(x, schedule, topk, swiglu_limit, routed, shared_weights, buffer, mxfp8=False,
+               backward=True)  # fmt: skip
     saved = {"x_routed": x_routed, "gate_shared": gate_shared, "gate_routed": gate_routed,
              "up_shared": up_shared, "up_routed": up_routed, "hidden_shared": hidden_shared,
              "hidden_routed": hidden_routed}  # fmt: skip
@@ -152,7 +154,9 @@ def dispatch_mlp_swiglu_combine_bwd_mxfp8(
         (w_routed_down_T, w_routed_down_T_sc),
     )
     shared_weights = (w_shared_gate, w_shared_up, w_shared_down)
-    check_pass(x, schedule, topk, swiglu_limit, routed, shared_weights, mxfp8=True, backward=True)
+    buffer = ("d_x_routed_buffer", d_x_routed_buffer)
+    check_pass(x, schedule, topk, swiglu_limit, routed, shared_weights, buffer, mxfp8=True,
+               backward=True)  # fmt: skip
     saved = (
         (x_fp8_t_routed, x_sc_t_routed),
         (gate_fp8_routed, gate_sc_routed),

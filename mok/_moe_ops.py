@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from mok import _validate
-from mok._checks import check_tensor
+from mok._checks import check_range, check_tensor
 from mok._custom_op import arguments_validated, custom_op
 from mok.backends import moe, select_engine
 
@@ -19,33 +19,42 @@ Tensor = torch.Tensor
 OptTensor = torch.Tensor | None
 
 
-def _common(x, schedule, topk, swiglu_limit):
+def _common(x, schedule, topk, swiglu_limit, routed_buffer) -> int:
+    """The checks every pass shares; returns the schedule's local expert count."""
     check_tensor("x", x, dtype=torch.bfloat16, shape=(None, None), dims=("T", "H"))
     _validate.check_limit(swiglu_limit)
-    capacity, _ = _validate.check_schedule(*schedule, x.device)
-    if not 1 <= topk <= 255:
-        raise ValueError(f"`topk` must be in [1, 255], got {topk}")
-    return capacity
+    _, num_experts = _validate.check_schedule(*schedule, x.device)
+    check_range("topk", topk, 1, 255)
+    # The buffer of the pass's per-route rows (one per token and slot) ties k to T.
+    name, buffer = routed_buffer
+    tokens, hidden = x.shape
+    check_tensor(name, buffer, dtype=torch.bfloat16, shape=(tokens * topk, hidden),
+                 dims=("T * k", "H"), device=x.device)  # fmt: skip
+    return num_experts
 
 
-def check_weights(x, routed, shared, *, mxfp8: bool, backward: bool) -> None:
-    """Routed weights in their mode's form, and the shared expert's (all None, or bf16 with the
-    routed I)."""
-    hidden = x.shape[1]
+def check_weights(x, routed, shared, *, mxfp8: bool, backward: bool, num_experts=None) -> None:
+    """Routed weights in their mode's form with `num_experts` (None: any) local experts, and
+    the shared expert's (all None, or bf16 with the routed I)."""
+    hidden, device = x.shape[1], x.device
     if mxfp8:
-        _, inter = _validate.check_routed_mxfp8(routed, hidden, x.device, backward=backward)
+        _, inter = _validate.check_routed_mxfp8(
+            routed, hidden, device, backward=backward, num_experts=num_experts
+        )
     else:
-        _, inter = _validate.check_routed_bf16(routed, hidden, x.device)
-    _validate.check_shared(shared, hidden, inter, x.device)
+        _, inter = _validate.check_routed_bf16(routed, hidden, device, num_experts)
+    _validate.check_shared(shared, hidden, inter, device)
 
 
-def check_pass(x, schedule, topk, swiglu_limit, routed, shared, *, mxfp8: bool, backward: bool):
+def check_pass(x, schedule, topk, swiglu_limit, routed, shared, routed_buffer, *, mxfp8: bool,
+               backward: bool):  # fmt: skip
     """A fused pass's argument checks; skipped where its caller has made them
-    (`_custom_op.validated()`: mok.functional checks the same arguments first)."""
+    (`_custom_op.validated()`: mok.functional checks the same arguments first).
+    `routed_buffer` is (name, tensor) of the pass's per-route rows buffer."""
     if arguments_validated():
         return
-    _common(x, schedule, topk, swiglu_limit)
-    check_weights(x, routed, shared, mxfp8=mxfp8, backward=backward)
+    num_experts = _common(x, schedule, topk, swiglu_limit, routed_buffer)
+    check_weights(x, routed, shared, mxfp8=mxfp8, backward=backward, num_experts=num_experts)
 
 
 @custom_op("mok::dispatch_mlp_swiglu_combine_fwd_bf16", mutates_args=("combine_buffer",))
@@ -76,7 +85,9 @@ def dispatch_mlp_swiglu_combine_fwd_bf16(
     schedule = (schedule_peer_rank, schedule_peer_token_idx, num_tokens, tokens_per_expert)
     routed = (w_routed_gate, w_routed_up, w_routed_down)
     shared_weights = (w_shared_gate, w_shared_up, w_shared_down)
-    check_pass(x, schedule, topk, swiglu_limit, routed, shared_weights, mxfp8=False, backward=False)
+    buffer = ("combine_buffer", combine_buffer)
+    check_pass(x, schedule, topk, swiglu_limit, routed, shared_weights, buffer, mxfp8=False,
+               backward=False)  # fmt: skip
     shared = _shared(w_shared_gate, w_shared_up, w_shared_down)
     buffers = {"x_buffer": x, "combine_buffer": combine_buffer}
     engine = select_engine(x.device, buffers, topk, group_name, x_ptrs)
@@ -169,7 +180,9 @@ def dispatch_mlp_swiglu_combine_fwd_mxfp8(
         (w_routed_down, w_routed_down_sc),
     )
     shared_weights = (w_shared_gate, w_shared_up, w_shared_down)
-    check_pass(x, schedule, topk, swiglu_limit, routed, shared_weights, mxfp8=True, backward=False)
+    buffer = ("combine_buffer", combine_buffer)
+    check_pass(x, schedule, topk, swiglu_limit, routed, shared_weights, buffer, mxfp8=True,
+               backward=False)  # fmt: skip
     shared = _shared(w_shared_gate, w_shared_up, w_shared_down)
     buffers = {"x_buffer": x, "combine_buffer": combine_buffer}
     engine = select_engine(x.device, buffers, topk, group_name, x_ptrs)

@@ -117,7 +117,8 @@ def _check_bad_x():
     from mok._moe_ops import check_pass
 
     bad = torch.zeros(2, 2)
-    return check_pass(bad, (), 2, None, (), (), mxfp8=False, backward=False)
+    buffer = ("combine_buffer", bad)
+    return check_pass(bad, (), 2, None, (), (), buffer, mxfp8=False, backward=False)
 
 
 def test_one_rank_schedules_without_the_all_gather(single_rank_group, monkeypatch):
