@@ -9,6 +9,7 @@ import dataclasses
 
 import pytest
 import torch
+from step_setup import single_rank_step
 
 from mok import functional as F
 from mok import ops
@@ -37,11 +38,9 @@ def _mxfp8(routed, backward):
 
 @pytest.fixture
 def step(single_rank_group):
-    config = F.MoKConfig()
-    ws = F.create_workspace(config, single_rank_group, device="cpu", num_local_tokens=T,
-                            hidden_size=H, topk=K)  # fmt: skip
-    top = torch.randint(0, E, (T, K), generator=torch.Generator().manual_seed(1))
-    schedule = F.build_schedule(ws, config, top, num_local_experts=E)
+    config, ws, schedule = single_rank_step(
+        single_rank_group, tokens=T, hidden=H, topk=K, experts=E, seed=1
+    )
     x, rw, grad = _bf16(T, H, seed=7), torch.rand(T, K), _bf16(T, H, seed=8)
 
     def forward(shared, routed):

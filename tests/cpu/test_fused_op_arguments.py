@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from step_setup import single_rank_step
 
-from mok import functional as F
 from mok import ops
 
 T, H, I, E, K = 16, 128, 128, 2, 2
@@ -20,11 +20,9 @@ def _bf16(*shape, seed=0):
 
 @pytest.fixture
 def forward_args(single_rank_group):
-    config = F.MoKConfig()
-    ws = F.create_workspace(config, single_rank_group, device="cpu", num_local_tokens=T,
-                            hidden_size=H, topk=K)  # fmt: skip
-    top = torch.randint(0, E, (T, K), generator=torch.Generator().manual_seed(2))
-    schedule = F.build_schedule(ws, config, top, num_local_experts=E)
+    _, ws, schedule = single_rank_step(
+        single_rank_group, tokens=T, hidden=H, topk=K, experts=E, seed=2
+    )
     ws.x_buffer.copy_(_bf16(T, H, seed=1))
     return {
         "x": ws.x_buffer, "x_ptrs": ws.x_buffer_ptrs, "combine_buffer": ws.combine_buffer,
