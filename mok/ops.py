@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from mok import _validate, backends
 from mok import mxfp8 as mxfp8_format
-from mok._checks import check_tensor
+from mok._checks import check_multiple, check_tensor
 from mok._custom_op import custom_op
 from mok._moe_bwd_ops import (  # noqa: F401  (re-exported: the fused passes)
     dispatch_mlp_swiglu_combine_bwd_bf16,
@@ -57,6 +57,7 @@ def all_gather_top_experts(
     )
     if not 0 <= rank < buffer.shape[0]:
         raise ValueError(f"`rank` must be in [0, {buffer.shape[0]}), got {rank}")
+    check_multiple("chunk_bytes", chunk_bytes, 16)
     if backends.uses_cuda(top_experts.device):
         from mok.backends import cuda_comm
 

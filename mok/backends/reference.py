@@ -38,7 +38,16 @@ def routing(ids: torch.Tensor, num_experts: int, status: torch.Tensor) -> torch.
 
 
 def all_gather_top_experts(top_experts: torch.Tensor, buffer: torch.Tensor, group_name: str):
-    buffer.copy_(all_gather(top_experts, group_name))
+    gathered = all_gather(top_experts, group_name)
+    # Checked after the collective, which every rank joins, so a bad buffer cannot hang a peer;
+    # copy_ would broadcast one rank's routing over a buffer sized for more ranks.
+    if gathered.shape != buffer.shape:
+        raise ValueError(
+            f"`all_gather_top_experts_buffer` must be int32 [EP, T, k] = "
+            f"{list(gathered.shape)} for this group of {gathered.shape[0]} ranks, "
+            f"got {list(buffer.shape)}"
+        )
+    buffer.copy_(gathered)
 
 
 def schedule(topk_all: torch.Tensor, num_local_experts: int, capacity: int, rank: int, status):

@@ -1,7 +1,8 @@
 """mok.ops keeps the original's call forms (API.md): `schedule(topk_all, num_local_experts,
 schedule_capacity, rank)` without mok's status word and `bwd_epilogue(d_x_shared,
 d_x_routed_buffer)` without mok's topk, each giving what the longer form gives; and the
-reference path of the epilogues checks its arguments as the CUDA one does."""
+reference paths of the epilogues and the routing all-gather check their arguments as the CUDA
+ones do."""
 
 from __future__ import annotations
 
@@ -121,3 +122,21 @@ def test_bwd_epilogue_without_k_traces():
     compiled = torch.compile(lambda s, r: ops.bwd_epilogue(s, r), fullgraph=True,
                              backend="aot_eager")  # fmt: skip
     assert torch.equal(compiled(shared, routed), ops.bwd_epilogue(shared, routed, 2))
+
+
+@pytest.mark.parametrize(
+    ("buffer_ranks", "chunk_bytes", "message"),
+    [(2, 2048, r"`all_gather_top_experts_buffer` must be int32 \[EP, T, k\] = \[1, 8, 2\] for "
+      r"this group of 1 ranks, got \[2, 8, 2\]"),
+     (1, 0, r"`chunk_bytes` must be a multiple of 16 and >= 1, got 0")],
+    ids=["buffer-for-more-ranks", "chunk-bytes"],
+)  # fmt: skip
+def test_reference_all_gather_checks_its_arguments(single_rank_group, buffer_ranks, chunk_bytes,
+                                                   message):  # fmt: skip
+    """A buffer for more ranks than the group once got one rank's routing in every row."""
+    top = torch.ones(8, 2, dtype=torch.int32)
+    buffer = torch.zeros(buffer_ranks, 8, 2, dtype=torch.int32)
+    with pytest.raises(ValueError, match=message):
+        ops.all_gather_top_experts(top, buffer, 0, 0, chunk_bytes,
+                                   single_rank_group.group_name)  # fmt: skip
+    assert not buffer.any()
