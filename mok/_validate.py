@@ -248,7 +248,7 @@ def check_saved(
         if field in routed:
             _check_saved_routed(key, value, routed[field], mxfp8, device)
         elif _present(value) != shared:
-            state = "holds a tensor" if shared is False else "is None"
+            state = "is None" if shared else "holds a tensor"
             raise ValueError(f"`{key}` {state} but this backward has "
                              f"{'a' if shared else 'no'} shared expert")  # fmt: skip
         elif shared:
