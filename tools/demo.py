@@ -101,11 +101,15 @@ def _errors(got: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
     return float(diff.max()), float(diff.sum() / ref.abs().sum())
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ep", type=int, default=2, help="expert-parallel ranks (default 2)")
     parser.add_argument("--mxfp8", action="store_true", help="MXFP8 routed experts")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    from mok.workspace import MAX_EP_SIZE
+
+    if not 1 <= args.ep <= MAX_EP_SIZE:  # 0 ranks would "pass" having checked nothing
+        parser.error(f"--ep must be in [1, {MAX_EP_SIZE}], got {args.ep}")
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     results = mp.Manager().dict()
     # A file rendezvous: a port picked here and bound later by the ranks' store could be taken
