@@ -79,9 +79,8 @@ def dispatch_mlp_swiglu_combine_bwd_bf16(
     buffer = ("d_x_routed_buffer", d_x_routed_buffer)
     check_pass(x, schedule, topk, swiglu_limit, routed, shared_weights, buffer, mxfp8=False,
                backward=True)  # fmt: skip
-    saved = {"x_routed": x_routed, "gate_shared": gate_shared, "gate_routed": gate_routed,
-             "up_shared": up_shared, "up_routed": up_routed, "hidden_shared": hidden_shared,
-             "hidden_routed": hidden_routed}  # fmt: skip
+    saved = (x_routed, gate_shared, gate_routed, up_shared, up_routed, hidden_shared,
+             hidden_routed)  # fmt: skip
     _check_saved(saved, x, schedule, w_routed_gate, w_shared_gate, mxfp8=False)
     return _backward(
         (d_y_buffer, router_weight_buffer),
@@ -163,10 +162,9 @@ def dispatch_mlp_swiglu_combine_bwd_mxfp8(
         (up_fp8_routed, up_sc_routed),
         (hidden_fp8_t_routed, hidden_sc_t_routed),
     )
-    fields = {"x_routed": saved[0], "gate_shared": gate_shared, "gate_routed": saved[1],
-              "up_shared": up_shared, "up_routed": saved[2], "hidden_shared": hidden_shared,
-              "hidden_routed": saved[3]}  # fmt: skip
-    _check_saved(fields, x, schedule, w_routed_gate, w_shared_gate, mxfp8=True)
+    in_context_order = (saved[0], gate_shared, saved[1], up_shared, saved[2], hidden_shared,
+                        saved[3])  # fmt: skip
+    _check_saved(in_context_order, x, schedule, w_routed_gate, w_shared_gate, mxfp8=True)
     return _backward(
         (d_y_buffer, router_weight_buffer),
         (d_x_routed_buffer, d_router_weight_buffer),
@@ -183,13 +181,14 @@ def dispatch_mlp_swiglu_combine_bwd_mxfp8(
     )
 
 
-def _check_saved(saved: dict, x, schedule, w_routed_gate, w_shared_gate, *, mxfp8: bool) -> None:
-    """The forward's saved tensors against this pass (skipped where the caller checked them)."""
+def _check_saved(saved, x, schedule, w_routed_gate, w_shared_gate, *, mxfp8: bool) -> None:
+    """The forward's saved tensors (MoKForwardContext's order) against this pass, skipped where
+    the caller checked them."""
     if arguments_validated():
         return
     sizes = (schedule[0].shape[0], x.shape[0], x.shape[1], w_routed_gate.shape[1])
-    shared = w_shared_gate is not None
-    _validate.check_saved(saved, mxfp8=mxfp8, shared=shared, sizes=sizes, device=x.device)
+    _validate.check_saved(saved, prefix="", mxfp8=mxfp8, shared=w_shared_gate is not None,
+                          sizes=sizes, device=x.device)  # fmt: skip
 
 
 def _backward(

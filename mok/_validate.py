@@ -233,20 +233,29 @@ def _check_token_rows(name: str, shared, routed: torch.Tensor, tokens: int, hidd
                      device=routed.device, contiguous=False)  # fmt: skip
 
 
+# MoKForwardContext's fields, in order: what the backward's fused ops take as saved tensors.
+SAVED_FIELDS = ("x_routed", "gate_shared", "gate_routed", "up_shared", "up_routed",
+                "hidden_shared", "hidden_routed")  # fmt: skip
+# MXFP8 saves these transposed (blocks along rows), for the weight gradients.
+_TRANSPOSED_IN_MXFP8 = ("x_routed", "hidden_routed")
+
+
 def check_saved(
-    saved: dict, *, mxfp8: bool, shared: bool, sizes: tuple[int, int, int, int], device
+    saved, *, prefix: str, mxfp8: bool, shared: bool, sizes: tuple[int, int, int, int], device
 ) -> None:
-    """The forward's saved activations, by MoKForwardContext field name (the key may carry a
-    prefix, e.g. "forward_context."), against the backward's mode, shared expert and sizes (C,
-    T, H, I): the kernels read them by address, so a context of another forward must not
-    reach them."""
+    """The forward's saved activations (in SAVED_FIELDS order; errors name `prefix` + field)
+    against the backward's mode, shared expert and sizes (C, T, H, I): the kernels read them by
+    address, so a context of another forward must not reach them."""
     rows, tokens, hidden, inter = sizes
     routed = {"x_routed": (rows, hidden), "gate_routed": (rows, inter),
               "up_routed": (rows, inter), "hidden_routed": (rows, inter)}  # fmt: skip
-    for key, value in saved.items():
-        field = key.rsplit(".", 1)[-1]
+    for field, value in zip(SAVED_FIELDS, saved, strict=True):
+        key = prefix + field
         if field in routed:
-            _check_saved_routed(key, value, routed[field], mxfp8, device)
+            shape = routed[field]
+            if mxfp8 and field in _TRANSPOSED_IN_MXFP8:
+                shape = shape[::-1]
+            _check_saved_routed(key, value, shape, mxfp8, device)
         elif _present(value) != shared:
             state = "is None" if shared else "holds a tensor"
             raise ValueError(f"`{key}` {state} but this backward has "
@@ -263,12 +272,10 @@ def _check_saved_routed(key: str, value, shape: tuple[int, int], mxfp8: bool, de
             f"`{key}` is another mode's ({describe(value)}) but the routed weights are {mode}: "
             "pass them in the forward's mode"
         )
-    if not mxfp8:
-        check_tensor(key, value, dtype=BF16, shape=shape, device=device)
-    elif key.endswith(("x_routed", "hidden_routed")):  # saved transposed, for the wgrads
-        check_mx_pair(key, value, shape[::-1], None, device)
-    else:
+    if mxfp8:
         check_mx_pair(key, value, shape, None, device)
+    else:
+        check_tensor(key, value, dtype=BF16, shape=shape, device=device)
 
 
 def _present(shared_value) -> bool:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 
@@ -302,9 +302,10 @@ def _check_context(ctx, schedule, ws, routed_gate_weights, shared_gate_weights, 
     """The context's tensors against this backward (the fused op trusts its checked caller)."""
     gate = routed_gate_weights[0] if mxfp8 else routed_gate_weights
     sizes = (schedule.peer_rank.shape[0], ws.num_local_tokens, ws.hidden_size, gate.shape[1])
-    saved = {f"forward_context.{f.name}": getattr(ctx, f.name) for f in fields(ctx)}
-    has_shared = shared_gate_weights is not None
-    _validate.check_saved(saved, mxfp8=mxfp8, shared=has_shared, sizes=sizes, device=ws.device)
+    saved = [getattr(ctx, name) for name in _validate.SAVED_FIELDS]
+    _validate.check_saved(saved, prefix="forward_context.", mxfp8=mxfp8,
+                          shared=shared_gate_weights is not None, sizes=sizes,
+                          device=ws.device)  # fmt: skip
 
 
 def check_status(workspace: MoKWorkspace) -> None:

@@ -115,3 +115,10 @@ def test_the_fused_op_checks_its_saved_tensors_itself(step, monkeypatch):
     short = dataclasses.replace(ctx, hidden_routed=ctx.hidden_routed[:, :64])
     with pytest.raises(ValueError, match=r"`hidden_routed` must be bf16 \[\d+, 128\]"):
         backward(short, shared, routed)
+
+
+def test_saved_fields_are_the_context_fields_in_order():
+    """The fused ops hand their saved tensors to the check in this order."""
+    from mok import _validate
+
+    assert tuple(f.name for f in dataclasses.fields(F.MoKForwardContext)) == _validate.SAVED_FIELDS
