@@ -14,6 +14,7 @@ from mok import _validate
 from mok._checks import check_range, check_tensor
 from mok._custom_op import arguments_validated, custom_op
 from mok.backends import moe, select_engine
+from mok.workspace import MAX_TOPK
 
 Tensor = torch.Tensor
 OptTensor = torch.Tensor | None
@@ -24,7 +25,7 @@ def _common(x, schedule, topk, swiglu_limit, routed_buffer) -> int:
     check_tensor("x", x, dtype=torch.bfloat16, shape=(None, None), dims=("T", "H"))
     _validate.check_limit(swiglu_limit)
     _, num_experts = _validate.check_schedule(*schedule, x.device)
-    check_range("topk", topk, 1, 255)
+    check_range("topk", topk, 1, MAX_TOPK)
     # The buffer of the pass's per-route rows (one per token and slot) ties k to T.
     name, buffer = routed_buffer
     tokens, hidden = x.shape

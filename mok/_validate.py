@@ -10,6 +10,7 @@ import math
 import torch
 
 from mok._checks import check_range, check_tensor, describe
+from mok.workspace import MAX_TOPK
 
 BF16, FP8, U8 = torch.bfloat16, torch.float8_e4m3fn, torch.uint8
 
@@ -208,7 +209,7 @@ def check_bwd_epilogue(d_x_shared, d_x_routed_buffer, topk: int | None) -> int:
                 f"got {rows}: pass `topk`"
             )
         topk = rows // tokens
-    check_range("topk", topk, 1, 255)
+    check_range("topk", topk, 1, MAX_TOPK)
     _check_routed_rows("d_x_routed_buffer", d_x_routed_buffer, topk)
     rows, hidden = d_x_routed_buffer.shape
     _check_token_rows("d_x_shared", d_x_shared, d_x_routed_buffer, rows // topk, hidden)

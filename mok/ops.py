@@ -131,8 +131,7 @@ def schedule(
     leave out a tensor they write.
     """
     if status is None:
-        check_tensor("topk_all", topk_all, dtype=torch.int32, shape=(None, None, None),
-                     dims=("EP", "T", "k"))  # fmt: skip
+        _check_schedule_args(topk_all, num_local_experts, schedule_capacity)
         worst = schedule_worst_case_rows(topk_all.numel(), num_local_experts)
         if schedule_capacity < worst:
             raise ValueError(
@@ -149,10 +148,20 @@ def schedule_worst_case_rows(routes: int, num_local_experts: int) -> int:
     """The most rows a schedule of `routes` routes over `num_local_experts` experts can need:
     each expert's segment is padded to a multiple of 256, so at most min(E, routes) segments
     add at most 255 rows each."""
-    if num_local_experts < 1:
-        raise ValueError(f"`num_local_experts` must be >= 1, got {num_local_experts}")
+    check_multiple("num_local_experts", num_local_experts, 1)
     padded = routes + 255 * min(num_local_experts, routes)
     return padded // 256 * 256
+
+
+def _check_schedule_args(topk_all, num_local_experts: int, schedule_capacity: int) -> None:
+    check_tensor(
+        "topk_all", topk_all, dtype=torch.int32, shape=(None, None, None), dims=("EP", "T", "k")
+    )
+    if schedule_capacity <= 0 or schedule_capacity % 256:
+        raise ValueError(
+            f"`schedule_capacity` must be a positive multiple of 256, got {schedule_capacity}"
+        )
+    check_multiple("num_local_experts", num_local_experts, 1)
 
 
 @custom_op("mok::schedule", mutates_args=("status",))
@@ -164,15 +173,7 @@ def schedule_op(
     status: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """`schedule` with its status word (int32 [1]) given."""
-    check_tensor(
-        "topk_all", topk_all, dtype=torch.int32, shape=(None, None, None), dims=("EP", "T", "k")
-    )
-    if schedule_capacity <= 0 or schedule_capacity % 256:
-        raise ValueError(
-            f"`schedule_capacity` must be a positive multiple of 256, got {schedule_capacity}"
-        )
-    if num_local_experts < 1:
-        raise ValueError(f"`num_local_experts` must be >= 1, got {num_local_experts}")
+    _check_schedule_args(topk_all, num_local_experts, schedule_capacity)
     if backends.uses_cuda(topk_all.device):
         from mok.backends import cuda_schedule
 
