@@ -187,6 +187,7 @@ def check_fwd_epilogue(y_shared, combine_buffer, topk_weights) -> int:
     tokens, topk = weights.shape
     _check_routed_rows("combine_buffer", combine_buffer, topk)
     rows, hidden = combine_buffer.shape
+    # k came from the weights; now T from the buffer's rows, and the weights' device.
     check_tensor("topk_weights", weights, dtype=torch.float32, shape=(rows // topk, topk),
                  dims=("T", "k"), device=combine_buffer.device, contiguous=False)  # fmt: skip
     _check_token_rows("y_shared", y_shared, combine_buffer, tokens, hidden)
