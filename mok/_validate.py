@@ -196,7 +196,7 @@ def check_fwd_epilogue(y_shared, combine_buffer, topk_weights) -> int:
 
 def check_bwd_epilogue(d_x_shared, d_x_routed_buffer, topk: int | None) -> int:
     """bwd_epilogue's arguments: d_x_shared bf16 [T, H] or None, d_x_routed_buffer bf16
-    [T * k, H], topk in [1, 255] or None (then T comes from d_x_shared). Returns k."""
+    [T * k, H], topk in [1, MAX_TOPK] or None (then T comes from d_x_shared). Returns k."""
     if topk is None:
         if d_x_shared is None:
             raise ValueError("`topk` must be given when `d_x_shared` is None (no shared expert)")

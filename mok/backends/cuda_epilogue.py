@@ -36,7 +36,7 @@ def bwd_epilogue(
 ) -> torch.Tensor:
     """d_x[t] = bf16(d_x_shared[t] + sum_j d_x_routed_buffer[t * k + j]), fp32, j in order
     (bit for bit `mok.ops.bwd_epilogue`'s reference arithmetic). Shapes as `fwd_epilogue`;
-    `topk` in [1, 255], or None to take T from `d_x_shared`."""
+    `topk` in [1, mok.workspace.MAX_TOPK], or None to take T from `d_x_shared`."""
     topk = _validate.check_bwd_epilogue(d_x_shared, d_x_routed_buffer, topk)
     return _launch(d_x_shared, d_x_routed_buffer, None, topk)
 
