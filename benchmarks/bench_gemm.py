@@ -2,20 +2,20 @@
 problem (the same rows, segments and weights) in the same run, as TFLOP/s per rank.
 
 Problems (R received rows in E ragged segments, H hidden, I intermediate):
-| name          | torch                                    | mok (mok.backends.cuda_gemm)        |
-|---------------|------------------------------------------|-------------------------------------|
-| gate_up       | rows @ [E, 2I, H]^T -> bf16 [R, 2I]      | linear, one [E, 2I, H] weight       |
-| down          | hidden @ [E, H, I]^T -> bf16 [R, H]      | linear                              |
-| dgrad_down    | d_y @ [E, H, I] -> bf16 [R, I]           | linear_transposed (fp32 out)        |
-| dgrad_gate_up | [d_g, d_u] @ [E, 2I, H] -> bf16 [R, H]   | linear_sum, (d_g, W_g) + (d_u, W_u) |
-| wgrad_down    | d_y^T @ hidden per segment -> [E, H, I]  | weight_grads                        |
-| gate_up_swiglu| gate_up, then F.silu(gate) * up (bf16)   | linear_swiglu: SwiGLU in epilogue   |
-| gate_up_mx    | gate_up on the MXFP8 values (bf16)       | linear_mx on the (E4M3, scales)     |
-| down_mx       | down on the MXFP8 values (bf16)          | linear_mx                           |
-| gate_up_mx_f16| gate_up_mx                               | linear_mx_f16: f16 rows rebased     |
-| down_mx_f16   | down_mx                                  | linear_mx_f16                       |
-| dgrad_down_mx | dgrad_down on the MXFP8 values of W_d^T  | linear_mx to fp32 on W_d^T's pair   |
-| dgrad_gate_up_mx | dgrad_gate_up on W_g^T's, W_u^T's values | linear_mx_sum on the two pairs   |
+| name          | torch                                    | mok (mok.backends.cuda.grouped_gemm) |
+|---------------|------------------------------------------|--------------------------------------|
+| gate_up       | rows @ [E, 2I, H]^T -> bf16 [R, 2I]      | linear, one [E, 2I, H] weight        |
+| down          | hidden @ [E, H, I]^T -> bf16 [R, H]      | linear                               |
+| dgrad_down    | d_y @ [E, H, I] -> bf16 [R, I]           | linear_transposed (fp32 out)         |
+| dgrad_gate_up | [d_g, d_u] @ [E, 2I, H] -> bf16 [R, H]   | linear_sum, (d_g, W_g) + (d_u, W_u)  |
+| wgrad_down    | d_y^T @ hidden per segment -> [E, H, I]  | weight_grads                         |
+| gate_up_swiglu| gate_up, then F.silu(gate) * up (bf16)   | linear_swiglu: SwiGLU in epilogue    |
+| gate_up_mx    | gate_up on the MXFP8 values (bf16)       | linear_mx on the (E4M3, scales)      |
+| down_mx       | down on the MXFP8 values (bf16)          | linear_mx                            |
+| gate_up_mx_f16| gate_up_mx                               | linear_mx_f16: f16 rows rebased      |
+| down_mx_f16   | down_mx                                  | linear_mx_f16                        |
+| dgrad_down_mx | dgrad_down on the MXFP8 values of W_d^T  | linear_mx to fp32 on W_d^T's pair    |
+| dgrad_gate_up_mx | dgrad_gate_up on W_g^T's, W_u^T's values | linear_mx_sum on the two pairs    |
 | wgrad_gate_up_mx | [d_g, d_u]^T @ x per segment, x's MXFP8 values | weight_grads_mx on x's pair  |
 
 The `_mx` problems quantize the weights once (mok's kernel) and give torch their dequantized
@@ -23,8 +23,9 @@ bf16 values: the same products as mok's GEMM, which reads the MXFP8 pair as the 
 forward stores it (the `dgrad_*_mx` rows: the weights' transposed pairs, as the MXFP8 backward
 takes them; `wgrad_gate_up_mx`: rows rounded as the forward rounds them, x's transposed pair
 read as stored on the rows laid out as mok's schedule lays them, segments padded to 256 rows
-whose padding the row sources mark). The `_mx_f16` rows give mok's f16 GEMM (kind 6) the
-rows rebased (cuda_rebased.rebase_rows) and the weights prepared (rebase_weight) once, outside
+whose padding the row sources mark). The `_mx_f16` rows give mok's f16 GEMM
+(M_GROUPED_MXFP8_NT_F16_ROWS) the
+rows rebased (rebased_rows.rebase_rows) and the weights prepared (rebase_weight) once, outside
 the timing, as the quantization is.
 
 Each timed call runs the GEMM REPEATS times back to back, for both systems: the GPU queue stays
@@ -39,7 +40,8 @@ from __future__ import annotations
 import harness
 import torch
 
-from mok.backends import cuda, cuda_gemm, cuda_rebased, cuda_weight_grads_mx
+from mok.backends.cuda import grouped_gemm, mxfp8, rebased_rows
+from mok.backends.cuda import weight_grads_mx as cuda_weight_grads_mx
 
 REPEATS = 5
 
@@ -61,39 +63,39 @@ def rates(timer: harness.Timer, rows: torch.Tensor, offs: torch.Tensor, gate_up,
     d_gu = torch.randn(n, 2 * inter, device=rows.device, generator=gen).bfloat16()
     # mok's d_x reads gate's and up's gradients and weights as separate tensors, as a pass has them.
     d_terms = list(zip(_halves(d_gu), _halves(gate_up), strict=True))
-    mok = cuda_gemm.available(rows.device)
+    mok = grouped_gemm.available(rows.device)
     problems = {
         "gate_up": (
             2 * n * 2 * inter * hidden,
             lambda: torch._grouped_mm(rows, gate_up.transpose(-2, -1), offs=offs),
-            lambda: cuda_gemm.linear(rows, [gate_up], counts),
+            lambda: grouped_gemm.linear(rows, [gate_up], counts),
         ),
         "down": (
             2 * n * hidden * inter,
             lambda: torch._grouped_mm(h_rows, down.transpose(-2, -1), offs=offs),
-            lambda: cuda_gemm.linear(h_rows, [down], counts),
+            lambda: grouped_gemm.linear(h_rows, [down], counts),
         ),
         "dgrad_down": (
             2 * n * hidden * inter,
             lambda: torch._grouped_mm(d_y, down, offs=offs),
-            lambda: cuda_gemm.linear_transposed(d_y, down, counts),
+            lambda: grouped_gemm.linear_transposed(d_y, down, counts),
         ),
         "dgrad_gate_up": (
             2 * n * 2 * inter * hidden,
             lambda: torch._grouped_mm(d_gu, gate_up, offs=offs),
-            lambda: cuda_gemm.linear_sum(d_terms, counts),
+            lambda: grouped_gemm.linear_sum(d_terms, counts),
         ),
         "wgrad_down": (
             2 * n * hidden * inter,
             lambda: torch._grouped_mm(d_y.T, h_rows, offs=offs),
-            lambda: cuda_gemm.weight_grads([(d_y, h_rows)], counts),
+            lambda: grouped_gemm.weight_grads([(d_y, h_rows)], counts),
         ),
     }
     gate_w, up_w = _halves(gate_up)
     problems["gate_up_swiglu"] = (
         2 * n * 2 * inter * hidden,
         lambda: _torch_swiglu(torch._grouped_mm(rows, gate_up.transpose(-2, -1), offs=offs)),
-        lambda: cuda_gemm.linear_swiglu(rows, gate_w, up_w, counts),
+        lambda: grouped_gemm.linear_swiglu(rows, gate_w, up_w, counts),
     )
     if mok:
         problems.update(_mx_problems(rows, h_rows, gate_up, down, offs, counts))
@@ -126,17 +128,21 @@ def _mx_problems(rows, h_rows, gate_up, down, offs, counts) -> dict:
     """gate_up_mx and down_mx: (FLOPs, torch on the dequantized values, mok's linear_mx)."""
     problems = {}
     for name, a, weight in (("gate_up_mx", rows, gate_up), ("down_mx", h_rows, down)):
-        data, scales = cuda.mxfp8_quantize(weight)[:2]
-        values_t = cuda.mxfp8_dequantize(data, scales).transpose(-2, -1)
-        mx = cuda_gemm.MxWeight(data, scales)
+        data, scales = mxfp8.mxfp8_quantize(weight)[:2]
+        values_t = mxfp8.mxfp8_dequantize(data, scales).transpose(-2, -1)
+        mx = grouped_gemm.MxWeight(data, scales)
         flops = 2 * a.shape[0] * a.shape[1] * weight.shape[1]
         torch_call = lambda a=a, w=values_t: torch._grouped_mm(a, w, offs=offs)  # noqa: E731
-        problems[name] = (flops, torch_call, lambda a=a, w=mx: cuda_gemm.linear_mx(a, [w], counts))
-        rows, weight = cuda_rebased.rebase_rows(a), cuda_rebased.rebase_weight(mx)
+        problems[name] = (
+            flops,
+            torch_call,
+            lambda a=a, w=mx: grouped_gemm.linear_mx(a, [w], counts),
+        )
+        rows, weight = rebased_rows.rebase_rows(a), rebased_rows.rebase_weight(mx)
         problems[name + "_f16"] = (
             flops,
             torch_call,
-            lambda a=rows, w=weight: cuda_rebased.linear_mx_f16(a, [w], counts),
+            lambda a=rows, w=weight: rebased_rows.linear_mx_f16(a, [w], counts),
         )
     return problems
 
@@ -146,8 +152,8 @@ def _mx_dgrad_problems(d_y, d_gu, gate_up, down, offs, counts) -> dict:
     weights' transposed MXFP8 pairs, W^T [E, N, K] with blocks along K)."""
 
     def transposed_pair(weight):  # [E, K, N] -> W^T's pair and W's dequantized values
-        data, scales = cuda.mxfp8_quantize(weight.transpose(1, 2).contiguous())[:2]
-        return cuda_gemm.MxWeightT(data, scales), cuda.mxfp8_dequantize(data, scales).mT
+        data, scales = mxfp8.mxfp8_quantize(weight.transpose(1, 2).contiguous())[:2]
+        return grouped_gemm.MxWeightT(data, scales), mxfp8.mxfp8_dequantize(data, scales).mT
 
     down_t, down_values = transposed_pair(down)
     (gate_t, gate_values), (up_t, up_values) = (transposed_pair(w) for w in _halves(gate_up))
@@ -159,18 +165,19 @@ def _mx_dgrad_problems(d_y, d_gu, gate_up, down, offs, counts) -> dict:
         "dgrad_down_mx": (
             flops,
             lambda: torch._grouped_mm(d_y, down_values, offs=offs),
-            lambda: cuda_gemm.linear_mx(d_y, [down_t], counts, out_dtype=f32),
+            lambda: grouped_gemm.linear_mx(d_y, [down_t], counts, out_dtype=f32),
         ),
         "dgrad_gate_up_mx": (
             2 * flops,
             lambda: torch._grouped_mm(d_gu, stacked, offs=offs),
-            lambda: cuda_gemm.linear_mx_sum([(d_gate, gate_t), (d_up, up_t)], counts),
+            lambda: grouped_gemm.linear_mx_sum([(d_gate, gate_t), (d_up, up_t)], counts),
         ),
     }
 
 
 def _mx_wgrad_problem(rows, d_gu, offs, counts):
-    """wgrad_gate_up_mx: (FLOPs, torch on the ragged rows' MXFP8 values, mok's kind 9 on the
+    """wgrad_gate_up_mx: (FLOPs, torch on the ragged rows' MXFP8 values, mok's K_GROUPED_MXFP8_TN
+    on the
     same rows padded per segment to 256 as the schedule lays them, x read as its pair)."""
     padded = (counts + 255) // 256 * 256
     starts = torch.cumsum(padded, 0) - padded
@@ -186,8 +193,8 @@ def _mx_wgrad_problem(rows, d_gu, offs, counts):
         out[at] = t
         return out
 
-    _, pair = cuda.mxfp8_round(laid_out(rows), transposed=True)
-    values = cuda.mxfp8_dequantize(*pair).T[at].contiguous()  # the received rows' values
+    _, pair = mxfp8.mxfp8_round(laid_out(rows), transposed=True)
+    values = mxfp8.mxfp8_dequantize(*pair).T[at].contiguous()  # the received rows' values
     d_gate, d_up = (laid_out(t) for t in _halves(d_gu))
     mx_pair = cuda_weight_grads_mx.MxRowsT(*pair)
     return (
@@ -233,17 +240,17 @@ def pass_gemms(timer: harness.Timer, rows, offs, gate_up, down, x, shared) -> di
             ),
         ),  # fmt: skip
     }
-    if cuda_gemm.available(rows.device):
+    if grouped_gemm.available(rows.device):
         # mok's launches as its pass makes them: gate and up as two weights, d_x as two terms.
         w_gate, w_up = _halves(gate_up)
         d_gate, d_up = _halves(d_gu)
         kernels["mok"] = (
-            lambda: (cuda_gemm.linear(rows, [w_gate, w_up], counts),
-                     cuda_gemm.linear(h_rows, [down], counts)),
-            lambda: (cuda_gemm.linear_transposed(d_y, down, counts, zero_rest=False),
-                     cuda_gemm.linear_sum([(d_gate, w_gate), (d_up, w_up)], counts),
-                     cuda_gemm.weight_grads([(d_gate, rows), (d_up, rows)], counts),
-                     cuda_gemm.weight_grads([(d_y, h_rows)], counts)),
+            lambda: (grouped_gemm.linear(rows, [w_gate, w_up], counts),
+                     grouped_gemm.linear(h_rows, [down], counts)),
+            lambda: (grouped_gemm.linear_transposed(d_y, down, counts, zero_rest=False),
+                     grouped_gemm.linear_sum([(d_gate, w_gate), (d_up, w_up)], counts),
+                     grouped_gemm.weight_grads([(d_gate, rows), (d_up, rows)], counts),
+                     grouped_gemm.weight_grads([(d_y, h_rows)], counts)),
         )  # fmt: skip
     shared_fwd, shared_bwd = _shared_gemms(x, shared, randn)
     out: dict[str, dict] = {}

@@ -309,10 +309,10 @@ def _first_line(*command: str) -> str | None:
 def environment(d: Dist) -> dict:
     """What the numbers were measured on and with."""
     import mok
-    from mok._extension import module_for_device
-    from mok.backends import cuda as mok_cuda
+    from mok.backends.cuda import mxfp8
+    from mok.backends.cuda.extension import module_for_device
 
-    kernels = bool(d.cuda and mok_cuda.available(d.device))
+    kernels = bool(d.cuda and mxfp8.available(d.device))
     build = module_for_device(d.device).build_info() if kernels else {}
     return {
         "time_utc": datetime.now(UTC).isoformat(timespec="seconds"),

@@ -8,13 +8,14 @@
 The problem is a shape's (`shapes.py`) per-rank experts with `rows_per_expert` rows each:
 `gate` multiplies [rows, H] by W [E, I, H]^T, `down` [rows, I] by W [E, H, I]^T. The weight is
 quantized once (mok's `mxfp8_quantize`), and every system multiplies the same values: `kind4`
-reads the E4M3 pair as stored (`cuda_gemm.linear_mx`), `kind0` (`cuda_gemm.linear`) and
+reads the E4M3 pair as stored (`grouped_gemm.linear_mx`), `kind0` (`grouped_gemm.linear`) and
 `torch` (`torch._grouped_mm`) its `mxfp8_dequantize` bf16 values. Without `--time` the GEMM is
 launched `--launches` times (ncu profiles the last with the command above: mok's grouped GEMMs
 and `_grouped_mm` are both CUTLASS `device_kernel`s); with it, the median of 30 timings of 5
 back-to-back launches (CUDA events) and its TFLOP/s are printed. benchmarks/NOTES.md v20-v22
 compare kinds with ncu: its clock is fixed, so cycles compare across processes and sessions
-(kind 4 on Qwen3.5's down: 882.2 K, 883.5 K, 884.1 K in three sessions' runs), while a timing
+(M_GROUPED_MXFP8_NT on Qwen3.5's down: 882.2 K, 883.5 K, 884.1 K in three sessions' runs), while a
+timing
 at the power cap follows the GPU's state, which the processes run before it leave behind.
 """
 
@@ -54,20 +55,20 @@ def dims(shape: shapes.Shape, gemm: str) -> tuple[int, int, int, int]:
 
 def problem(shape: shapes.Shape, gemm: str, system: str):
     """(FLOPs, a callable that launches the GEMM once) on fresh unit-normal operands."""
-    from mok.backends import cuda, cuda_gemm
+    from mok.backends.cuda import grouped_gemm, mxfp8
 
     experts, rows, k, n = dims(shape, gemm)
     gen = torch.Generator(device="cuda").manual_seed(0)
     a = torch.randn((experts * rows, k), generator=gen, device="cuda").bfloat16()
     w = (torch.randn((experts, n, k), generator=gen, device="cuda") / k**0.5).bfloat16()
-    data, scales, _, _ = cuda.mxfp8_quantize(w, True, False)
-    values = cuda.mxfp8_dequantize(data, scales)
+    data, scales, _, _ = mxfp8.mxfp8_quantize(w, True, False)
+    values = mxfp8.mxfp8_dequantize(data, scales)
     counts = torch.full((experts,), rows, dtype=torch.int32, device="cuda")
     offs = torch.cumsum(counts, 0, dtype=torch.int32)
-    mx = cuda_gemm.MxWeight(data, scales)
+    mx = grouped_gemm.MxWeight(data, scales)
     launch = {
-        "kind4": lambda: cuda_gemm.linear_mx(a, [mx], counts),
-        "kind0": lambda: cuda_gemm.linear(a, [values], counts),
+        "kind4": lambda: grouped_gemm.linear_mx(a, [mx], counts),
+        "kind0": lambda: grouped_gemm.linear(a, [values], counts),
         "torch": lambda: torch._grouped_mm(a, values.transpose(-2, -1), offs=offs),
     }[system]
     return 2 * experts * rows * k * n, launch

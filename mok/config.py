@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from mok._checks import check_multiple
+from mok._arguments import check_multiple
 
 
 @dataclass(frozen=True, slots=True)

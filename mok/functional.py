@@ -1,4 +1,10 @@
-"""The functional API: build_schedule once per step, then forward and backward (see API.md)."""
+"""The functional API: build_schedule once per step, then forward and backward (see API.md).
+
+Each function checks its arguments once, then runs on the workspace's own objects: the
+registry's backend (mok.backends) for the schedule and the epilogues, mok.passes for the
+expert passes. While torch.compile traces, it calls the flat ops of mok.ops instead, whose fake
+implementations the compiler follows and which run the same code.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +12,12 @@ from dataclasses import dataclass
 
 import torch
 
-from mok import _validate, ops
+from mok import _moe_arguments, backends, ops, passes, settings
 from mok import status as device_status
-from mok._checks import check_tensor, check_type
-from mok._custom_op import call_validated, direct
+from mok._arguments import check_range, check_tensor, check_type
 from mok.config import MoKConfig
-from mok.schedule import MoKSchedule, build_schedule
+from mok.ops import fused_backward, fused_forward
+from mok.schedule import MoKSchedule
 from mok.workspace import (
     MoKWorkspace,
     clear_workspace_cache,
@@ -92,24 +98,97 @@ def validate_inputs(
         dims=("T", "k"),
         device=device,
     )
-    _validate.check_limit(swiglu_limit)
-    capacity, sched_experts = _validate.check_schedule(*schedule.as_tuple(), device)
+    _moe_arguments.check_limit(swiglu_limit)
+    capacity, sched_experts = _moe_arguments.check_schedule(*schedule.as_tuple(), device)
     if capacity != ws.schedule_rows(sched_experts):
         raise ValueError(
             f"`schedule` has {capacity} rows but this workspace builds "
             f"{ws.schedule_rows(sched_experts)}: build it with this workspace"
         )
     routed = (routed_gate_weights, routed_up_weights, routed_down_weights)
-    mxfp8 = _validate.is_mxfp8(routed_gate_weights)
+    mxfp8 = _moe_arguments.is_mxfp8(routed_gate_weights)
     if mxfp8:
-        _, inter = _validate.check_routed_mxfp8(
+        _, inter = _moe_arguments.check_routed_mxfp8(
             routed, hidden, device, backward=backward, num_experts=sched_experts
         )
     else:
-        _, inter = _validate.check_routed_bf16(routed, hidden, device, sched_experts)
+        _, inter = _moe_arguments.check_routed_bf16(routed, hidden, device, sched_experts)
     shared = (shared_gate_weights, shared_up_weights, shared_down_weights)
-    _validate.check_shared(shared, hidden, inter, device)
+    _moe_arguments.check_shared(shared, hidden, inter, device)
     return mxfp8
+
+
+def build_schedule(
+    workspace: MoKWorkspace,
+    config: MoKConfig,
+    top_experts: torch.Tensor,
+    *,
+    num_local_experts: int,
+) -> MoKSchedule:
+    """All-gather the routing and build this rank's schedule on the device (no host sync).
+
+    `top_experts` is int64 [T, k] of global expert ids; expert e lives on rank
+    e // num_local_experts. An id outside [0, EP * E) is recorded in the status word
+    (see `check_status`) and the route contributes exactly zero.
+    """
+    check_type("workspace", workspace, MoKWorkspace)
+    check_type("config", config, MoKConfig)
+    ws = workspace
+    check_tensor(
+        "top_experts",
+        top_experts,
+        dtype=torch.int64,
+        shape=(ws.num_local_tokens, ws.topk),
+        dims=("T", "k"),
+        device=ws.device,
+    )
+    check_range("num_local_experts", num_local_experts, 1, (2**31 - 1) // ws.ep_size)
+    num_experts = ws.ep_size * num_local_experts
+    routing = _routing(top_experts, num_experts, ws.status)
+    schedule = _eager_backend_or(ops.schedule_op, "schedule", ws.device)
+    rows = ws.schedule_rows(num_local_experts)
+    gathered = _all_gather(ws, config, routing)
+    result = schedule(gathered, num_local_experts, rows, ws.ep_rank, ws.status)
+    if settings.debug():
+        device_status.check(ws.status)
+    return MoKSchedule(*result, routes=routing if _keeps_every_route(ws) else None)
+
+
+def _keeps_every_route(ws: MoKWorkspace) -> bool:
+    """Whether no route can be dropped (the capacity holds the worst case). Not while
+    torch.compile traces: the flat fused ops it calls take no routes."""
+    worst_case = ws.ep_size * ws.num_local_tokens * ws.topk
+    return ws.schedule_capacity >= worst_case and not torch.compiler.is_compiling()
+
+
+def _all_gather(ws: MoKWorkspace, config: MoKConfig, routing: torch.Tensor) -> torch.Tensor:
+    """Every rank's routing (int32 [EP, T, k]). One rank's is its own: at EP 1 the copy into
+    the workspace's all-gather buffer (a kernel and host time before the first GEMM) is left
+    out."""
+    if ws.ep_size == 1:
+        return routing.unsqueeze(0)
+    buffer = ws.all_gather_top_experts_buffer
+    if torch.compiler.is_compiling():
+        chunk = config.all_gather_top_experts_chunk_bytes
+        ops.all_gather_top_experts(routing, buffer, 0, ws.ep_rank, chunk, ws.group_name)
+    else:
+        backends.for_device(ws.device).all_gather_top_experts(routing, buffer, ws.group_name)
+    return buffer
+
+
+def _eager_backend_or(op, name: str, device: torch.device):
+    """The registry's backend function `name` for `device` in eager mode (its arguments are the
+    workspace's own, already checked); the flat op `op` while torch.compile traces, which
+    follows the op's fake implementation and cannot follow a raw kernel launch."""
+    if torch.compiler.is_compiling():
+        return op
+    return getattr(backends.for_device(device), name)
+
+
+def _routing(top_experts: torch.Tensor, num_experts: int, status: torch.Tensor) -> torch.Tensor:
+    """int32 ids, -1 for the invalid ones, which `status` records (one kernel on CUDA)."""
+    backend = backends.for_device(top_experts.device, traced=torch.compiler.is_compiling())
+    return backend.routing(top_experts, num_experts, status)
 
 
 def forward(
@@ -137,60 +216,37 @@ def forward(
     Shared weights: bf16 gate/up [I, H], down [H, I], or all None. Routed weights: bf16 gate/up
     [E, I, H], down [E, H, I] (BF16 mode), or (fp8, scale) pairs from ops.mxfp8_quantize (MXFP8).
     """
-    shared = (shared_gate_weights, shared_up_weights, shared_down_weights)
+    shared = _shared(shared_gate_weights, shared_up_weights, shared_down_weights)
     routed = (routed_gate_weights, routed_up_weights, routed_down_weights)
-    args = (config, workspace, schedule, x, router_weights, *shared, *routed, swiglu_limit)
+    weights = (shared_gate_weights, shared_up_weights, shared_down_weights, *routed)
+    args = (config, workspace, schedule, x, router_weights, *weights, swiglu_limit)
     mxfp8 = validate_inputs(*args)
     ws = workspace
-    ws.x_buffer.copy_(x)
-    head = (ws.x_buffer, ws.x_buffer_ptrs, ws.combine_buffer, ws.combine_buffer_ptrs)
-    tail = _tail(config, ws, schedule, swiglu_limit, config.fwd_num_comm_sms)
-    if mxfp8:
-        weights = _interleave(shared, routed_gate_weights, routed_up_weights, routed_down_weights)
-        out = call_validated(ops.dispatch_mlp_swiglu_combine_fwd_mxfp8, *head, *weights, *tail)
-        out = _absent_to_none(out, shared_gate_weights, (2, 5, 8, 11))
-        ctx = MoKForwardContext(out[0:2], out[2], out[3:5], out[5], out[6:8], out[8], out[9:11])
-        y_shared = out[11]
-    else:
-        weights = _interleave(
-            shared, (routed_gate_weights,), (routed_up_weights,), (routed_down_weights,)
+    if torch.compiler.is_compiling():
+        saved, shared_out = fused_forward.run(
+            config, ws, schedule, x, shared, routed, swiglu_limit, mxfp8
         )
-        out = call_validated(ops.dispatch_mlp_swiglu_combine_fwd_bf16, *head, *weights, *tail)
-        out = _absent_to_none(out, shared_gate_weights, (1, 3, 5, 7))
-        ctx = MoKForwardContext(*out[:7])
-        y_shared = out[7]
-    output = direct(ops.fwd_epilogue)(y_shared, ws.combine_buffer, router_weights)
+    else:
+        ws.x_buffer.copy_(x)
+        engine = backends.engine(ws)
+        saved, _, shared_out = passes.forward(
+            engine, ws.x_buffer, shared, routed, schedule, swiglu_limit, mxfp8
+        )
+    (x_routed, gate, up, hidden), (gate_s, up_s, hidden_s, y_shared) = saved, shared_out
+    ctx = MoKForwardContext(x_routed, gate_s, gate, up_s, up, hidden_s, hidden)
+    epilogue = _eager_backend_or(ops.fwd_epilogue, "fwd_epilogue", ws.device)
+    output = epilogue(y_shared, ws.combine_buffer, router_weights)
     _debug_check(ws)
     return output, ctx
 
 
-def _tail(config, ws, schedule, swiglu_limit, num_comm_sms) -> tuple:
-    """The trailing arguments every fused-pass op takes, in the original's order."""
-    return (
-        *schedule.as_tuple(),
-        ws.topk,
-        swiglu_limit,
-        num_comm_sms,
-        config.macrobatch_size,
-        config.minibatch_size,
-        ws.group_name,
-    )
-
-
-def _absent_to_none(outputs, shared_gate_weights, shared_positions) -> tuple:
-    """The ops return 0-size tensors for the outputs of an absent shared expert."""
-    if shared_gate_weights is not None:
-        return tuple(outputs)
-    return tuple(None if i in shared_positions else t for i, t in enumerate(outputs))
-
-
-def _interleave(shared, gate, up, down) -> tuple:
-    """(shared gate, *routed gate, shared up, *routed up, shared down, *routed down)."""
-    return (shared[0], *gate, shared[1], *up, shared[2], *down)
+def _shared(gate, up, down):
+    """The shared expert's weights as one tuple, or None without a shared expert."""
+    return None if gate is None else (gate, up, down)
 
 
 def _debug_check(workspace: MoKWorkspace) -> None:
-    if device_status.debug_enabled():
+    if settings.debug():
         device_status.check(workspace.status)
 
 
@@ -216,9 +272,10 @@ def backward(
 
     MXFP8 weight forms: gate and up (fp8, scale, fp8_t, scale_t), down (fp8_t, scale_t).
     """
-    shared = (shared_gate_weights, shared_up_weights, shared_down_weights)
+    shared = _shared(shared_gate_weights, shared_up_weights, shared_down_weights)
     routed = (routed_gate_weights, routed_up_weights, routed_down_weights)
-    args = (config, workspace, schedule, x, router_weights, *shared, *routed, swiglu_limit)
+    weights = (shared_gate_weights, shared_up_weights, shared_down_weights, *routed)
+    args = (config, workspace, schedule, x, router_weights, *weights, swiglu_limit)
     mxfp8 = validate_inputs(*args, backward=True)
     check_type("forward_context", forward_context, MoKForwardContext)
     ws = workspace
@@ -231,79 +288,37 @@ def backward(
         dims=("T", "H"),
         device=ws.device,
     )
-    ws.d_y_buffer.copy_(grad_output)
-    ws.router_weight_buffer.copy_(router_weights)
-    ws.x_buffer.copy_(x)
-    head = (
-        ws.d_y_buffer,
-        ws.d_y_buffer_ptrs,
-        ws.d_x_routed_buffer,
-        ws.d_x_routed_buffer_ptrs,
-        ws.router_weight_buffer,
-        ws.router_weight_buffer_ptrs,
-        ws.d_router_weight_buffer,
-        ws.d_router_weight_buffer_ptrs,
-    )
-    tail = _tail(config, ws, schedule, swiglu_limit, config.bwd_num_comm_sms)
-    c = forward_context
-    if mxfp8:
-        gate, up, down = routed_gate_weights, routed_up_weights, routed_down_weights
-        weights = _interleave(shared, gate[2:], up[2:], down)
-        saved = (
-            *c.x_routed,
-            c.gate_shared,
-            *c.gate_routed,
-            c.up_shared,
-            *c.up_routed,
-            c.hidden_shared,
-            *c.hidden_routed,
-        )
-        out = call_validated(
-            ops.dispatch_mlp_swiglu_combine_bwd_mxfp8,
-            *head,
-            *weights,
-            *saved,
-            ws.x_buffer,
-            ws.x_buffer_ptrs,
-            *gate[:2],
-            *up[:2],
-            *tail,
-        )
+    if torch.compiler.is_compiling():
+        out = fused_backward.run(config, ws, schedule, forward_context, grad_output, x,
+                                 router_weights, shared, routed, swiglu_limit, mxfp8)  # fmt: skip
     else:
-        weights = _interleave(
-            shared, (routed_gate_weights,), (routed_up_weights,), (routed_down_weights,)
-        )
-        saved = (
-            c.x_routed,
-            c.gate_shared,
-            c.gate_routed,
-            c.up_shared,
-            c.up_routed,
-            c.hidden_shared,
-            c.hidden_routed,
-        )
-        out = call_validated(
-            ops.dispatch_mlp_swiglu_combine_bwd_bf16,
-            *head,
-            *weights,
-            *saved,
-            ws.x_buffer,
-            ws.x_buffer_ptrs,
-            *tail,
-        )
-    out = _absent_to_none(out, shared_gate_weights, (0, 2, 4, 6, 8, 10, 12))
-    d_x = direct(ops.bwd_epilogue)(out[0], ws.d_x_routed_buffer, ws.topk)
+        out = _backward_pass(ws, schedule, forward_context, grad_output, x, router_weights, shared,
+                             routed, swiglu_limit, mxfp8)  # fmt: skip
+    epilogue = _eager_backend_or(ops.bwd_epilogue, "bwd_epilogue", ws.device)
+    d_x = epilogue(out[0], ws.d_x_routed_buffer, ws.topk)
     d_router_weights = ws.d_router_weight_buffer.clone()
     _debug_check(ws)
     return (d_x, d_router_weights, out[9], out[11], out[13], out[8], out[10], out[12])
+
+
+def _backward_pass(ws, schedule, ctx, grad_output, x, router_weights, shared, routed, limit,
+                   mxfp8):  # fmt: skip
+    """mok.passes.backward on the workspace's engine, its inputs copied into its buffers."""
+    ws.d_y_buffer.copy_(grad_output)
+    ws.router_weight_buffer.copy_(router_weights)
+    ws.x_buffer.copy_(x)
+    saved = (ctx.x_routed, ctx.gate_routed, ctx.up_routed, ctx.hidden_routed)
+    shared_saved = None if shared is None else (ctx.gate_shared, ctx.up_shared, ctx.hidden_shared)
+    return passes.backward(backends.engine(ws), ws.d_y_buffer, shared, routed, saved,
+                           shared_saved, ws.x_buffer, schedule, limit, mxfp8)  # fmt: skip
 
 
 def _check_context(ctx, schedule, ws, routed_gate_weights, shared_gate_weights, mxfp8) -> None:
     """The context's tensors against this backward (the fused op trusts its checked caller)."""
     gate = routed_gate_weights[0] if mxfp8 else routed_gate_weights
     sizes = (schedule.peer_rank.shape[0], ws.num_local_tokens, ws.hidden_size, gate.shape[1])
-    saved = [getattr(ctx, name) for name in _validate.SAVED_FIELDS]
-    _validate.check_saved(saved, prefix="forward_context.", mxfp8=mxfp8,
+    saved = [getattr(ctx, name) for name in _moe_arguments.SAVED_FIELDS]
+    _moe_arguments.check_saved(saved, prefix="forward_context.", mxfp8=mxfp8,
                           shared=shared_gate_weights is not None, sizes=sizes,
                           device=ws.device)  # fmt: skip
 

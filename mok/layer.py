@@ -13,8 +13,8 @@ from torch import nn
 
 from mok import functional as F
 from mok import ops
-from mok._checks import check_multiple, check_range, check_tensor, describe
-from mok._validate import check_limit
+from mok._arguments import check_multiple, check_range, check_tensor, describe
+from mok._moe_arguments import check_limit
 from mok.workspace import MAX_TOPK
 
 

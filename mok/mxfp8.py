@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import torch
 
-from mok._checks import check_multiple, check_tensor, describe
+from mok._arguments import check_multiple, check_tensor, describe
 
 BLOCK = 32  # elements per E8M0 scale
 TILE = 128  # rows and columns of one swizzled scale tile

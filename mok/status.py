@@ -6,8 +6,6 @@ once (the only host sync) and raises a clear error naming every recorded problem
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 INVALID_EXPERT_ID = 1
@@ -57,8 +55,3 @@ def check(status: torch.Tensor) -> None:
     value = int(status.item())
     status.zero_()
     raise_for(value)
-
-
-def debug_enabled() -> bool:
-    """MOK_DEBUG=1 checks the status after every functional call (costs a sync per call)."""
-    return os.environ.get("MOK_DEBUG", "0") not in ("", "0")

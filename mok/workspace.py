@@ -7,15 +7,13 @@ tensors and the pointer lists hold zeros; the reference moves data with torch.di
 
 from __future__ import annotations
 
-import itertools
 import weakref
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
-from mok._checks import check_multiple, check_range, check_type, describe
+from mok._arguments import check_multiple, check_range, check_type, describe
 from mok.config import MoKConfig
 
 MAX_EP_SIZE = 72
@@ -239,41 +237,28 @@ def _create(config: MoKConfig, group, device: torch.device, sizes: tuple[int, in
     return _register(workspace) if device.type == "cuda" else workspace
 
 
-# Symmetric buffer address -> its workspace: the CUDA ops receive buffers (the original's
-# signatures) and find the peer tables and flags of the workspace that owns them.
-_OWNERS: weakref.WeakValueDictionary[int, MoKWorkspace] = weakref.WeakValueDictionary()
-# Creation number -> workspace, for workspace_of_group's order.
-_CREATED: weakref.WeakValueDictionary[int, MoKWorkspace] = weakref.WeakValueDictionary()
-_CREATION_ORDER = itertools.count()
+# The compatibility edge's one lookup. The original's flat ops name their workspace only
+# through the buffers (and pointer lists) they are given, so the live CUDA workspaces are listed
+# here in creation order (the same on every rank); nothing inside mok looks them up.
+_LIVE: list[weakref.ReferenceType[MoKWorkspace]] = []
 
 
-def workspace_owning(tensor: torch.Tensor) -> MoKWorkspace | None:
-    """The workspace whose symmetric buffer starts where `tensor` starts, if any."""
-    return _OWNERS.get(tensor.data_ptr())
-
-
-def workspace_at(addresses: Sequence[int]) -> MoKWorkspace | None:
-    """The workspace of a buffer's pointer list: the list's entry for this rank is the address
-    of a registered buffer (the other entries are peers' buffers mapped into this process).
-    Under torch.compile an op's tensor arguments can be functional copies of the workspace's
-    buffers, while the integer lists reach the op as they are."""
-    for address in addresses:
-        workspace = _OWNERS.get(address)
-        if workspace is not None:
-            return workspace
-    return None
-
-
-def workspace_of_group(group_name: str, name: str, tensor: torch.Tensor) -> MoKWorkspace | None:
-    """The first-created live workspace of `group_name` whose buffer `name` has `tensor`'s
-    shape, dtype and device: for ops that take a buffer but no pointer list (the routing
-    all-gather), when the buffer reaches them as a functional copy (torch.compile). Every rank
-    creates its workspaces in the same order, so all ranks pick the same one."""
-    for _, workspace in sorted(_CREATED.items()):
-        buffer = getattr(workspace, name)
-        if workspace.group_name == group_name and same_layout(buffer, tensor):
-            return workspace
-    return None
+def workspace_for(group_name: str, name: str, tensor: torch.Tensor, ptrs=None):
+    """The live CUDA workspace whose buffer `name` a flat op was given: the one whose pointer
+    list is `ptrs` (the original's identity of a symmetric buffer; under torch.compile the
+    tensor may be a functional copy, the list is not). An op without a pointer list gets the
+    oldest workspace of `group_name` ("" names the default group) whose buffer has `tensor`'s
+    shape, dtype and device: every rank creates its workspaces in the same order, so all ranks
+    pick the same one. None if there is none."""
+    _LIVE[:] = [ref for ref in _LIVE if ref() is not None]
+    live = [ws for ws in (ref() for ref in _LIVE) if ws is not None]
+    if ptrs is not None:
+        wanted = [int(p) for p in ptrs]
+        return next((w for w in live if getattr(w, f"{name}_ptrs") == wanted), None)
+    if not group_name and dist.is_initialized():
+        group_name = dist.group.WORLD.group_name
+    same_group = (w for w in live if w.group_name == group_name)
+    return next((w for w in same_group if same_layout(getattr(w, name), tensor)), None)
 
 
 def same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -282,9 +267,7 @@ def same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def _register(workspace: MoKWorkspace) -> MoKWorkspace:
-    for name in _SYMMETRIC_BUFFERS:
-        _OWNERS[getattr(workspace, name).data_ptr()] = workspace
-    _CREATED[next(_CREATION_ORDER)] = workspace
+    _LIVE.append(weakref.ref(workspace))
     return workspace
 
 

@@ -19,7 +19,8 @@ import torch
 import torch.distributed as dist
 
 from mok import status as device_status
-from mok.backends import reference
+from mok.backends.reference import exchange as reference_exchange
+from mok.backends.reference import schedule as reference_schedule
 from mok.config import MoKConfig
 from mok.workspace import create_workspace
 
@@ -123,10 +124,10 @@ def fresh_schedule(ws, kind: str, local_experts: int, gen) -> tuple[torch.Tensor
     all-gathered by the reference. Capacity overflow is expected in the "overflow" scenario: its
     status goes to a scratch word, not the workspace's."""
     mine = routing(kind, ws.num_local_tokens, ws.topk, ws.ep_size * local_experts, gen)
-    topk_all = reference.all_gather(mine, ws.group_name)
+    topk_all = reference_exchange.all_gather(mine, ws.group_name)
     status = torch.zeros(1, dtype=torch.int32, device=topk_all.device)
     rows = 256 if kind == "overflow" else ws.schedule_rows(local_experts)
-    sched = reference.schedule(topk_all, local_experts, rows, ws.ep_rank, status)
+    sched = reference_schedule.schedule(topk_all, local_experts, rows, ws.ep_rank, status)
     return tuple(t.contiguous() for t in sched)
 
 

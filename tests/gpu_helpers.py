@@ -17,10 +17,10 @@ def gpu_skip_reason() -> str | None:
     """Why the CUDA backend cannot run here (no GPU, or no mok module for its arch), or None."""
     if not torch.cuda.is_available():
         return "needs a CUDA GPU (none visible)"
-    from mok import _extension
+    from mok.backends.cuda import extension
 
     try:
-        _extension.module_for_device(torch.device("cuda", 0))
+        extension.module_for_device(torch.device("cuda", 0))
     except NotImplementedError as error:
         return str(error)
     return None
@@ -41,9 +41,9 @@ def skip_without_gpu_module() -> None:
 
 def skip_without_grouped_gemms() -> None:
     """pytest.skip unless GPU 0's mok module carries the grouped GEMMs (built for sm_90a)."""
-    from mok.backends import cuda_gemm
+    from mok.backends.cuda import grouped_gemm
 
-    if not cuda_gemm.available(torch.device("cuda", 0)):
+    if not grouped_gemm.available(torch.device("cuda", 0)):
         pytest.skip("this GPU's mok module has no grouped GEMMs (they are built for sm_90a)")
 
 
@@ -57,12 +57,12 @@ def spread_mxfp8_weight(gen: torch.Generator, experts: int, n: int, k: int, spre
     whose rows' magnitudes span 2^-spread .. 2^min(spread, 118) (bf16 stays finite), so blocks
     get scale bytes from 0 to ~245 and, past spread 126, dequantized values that are bf16
     subnormals."""
-    from mok.backends import cuda
+    from mok.backends.cuda import mxfp8
 
     values = torch.randn((experts, n, k), generator=gen, device="cuda")
     high = min(spread, 118) + 1
     exponents = torch.randint(-spread, high, (experts, n, 1), generator=gen, device="cuda")
-    data, scales, _, _ = cuda.mxfp8_quantize((values * 2.0**exponents).bfloat16(), True, False)
+    data, scales, _, _ = mxfp8.mxfp8_quantize((values * 2.0**exponents).bfloat16(), True, False)
     return data, scales
 
 

@@ -22,7 +22,7 @@ gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())')
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$work/gpu.txt"
 cd /tmp || exit 2
 python3 -P -c '
-import mok, torch, mok._extension as ext
+import mok, torch, mok.backends.cuda.extension as ext
 print("mok", mok.__version__, "from", mok.__file__, "torch", torch.__version__)
 print("archs in wheel:", ext.installed_archs(), "capability:", torch.cuda.get_device_capability())
 print("loaded:", ext.module_for_device(torch.device("cuda")).build_info())

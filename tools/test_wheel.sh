@@ -52,7 +52,7 @@ unset PYTHONPATH
 cd "$repo"
 # -P: the check itself must not put the working directory (the source tree) on sys.path.
 "$fresh/bin/python" -P -c '
-import mok, mok._extension as ext
+import mok, mok.backends.cuda.extension as ext
 print("test_wheel: mok", mok.__version__, "from", mok.__file__)
 print("test_wheel: compiled modules for", ", ".join(ext.installed_archs()) or "no arch")
 '

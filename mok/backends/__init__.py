@@ -1,57 +1,71 @@
-"""Backend selection: which implementation serves an op for a given device.
+"""The one registry that chooses an implementation: reference or CUDA, and the routed GEMMs.
 
-`MOK_BACKEND` chooses: `auto` (default) runs the CUDA extension for CUDA tensors and the
-reference for everything else; `reference` forces the pure-PyTorch oracle on any device; `cuda`
-insists on the extension. A CUDA device the installed wheel has no module for raises
+`MOK_BACKEND` (mok.settings) chooses: `auto` (default) runs the CUDA extension for CUDA tensors
+and the reference for everything else; `reference` forces the pure-PyTorch oracle on any device;
+`cuda` insists on the extension. A CUDA device the installed wheel has no module for raises
 NotImplementedError naming its compute capability and the archs the wheel carries (auto and
 cuda alike), so nothing silently falls back to the slow path.
+
+Both backends are modules with the same functions (`mok.backends.reference.kernels`,
+`mok.backends.cuda.kernels`): the ops and the functional API call `for_device(device).<name>`
+and never test which backend they got.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Sequence
+from types import ModuleType
 
 import torch
 
-CHOICES = ("auto", "reference", "cuda")
-
-
-def choice() -> str:
-    value = os.environ.get("MOK_BACKEND", "auto")
-    if value not in CHOICES:
-        raise ValueError(f"MOK_BACKEND must be one of {', '.join(CHOICES)}, got {value!r}")
-    return value
+from mok import settings
 
 
 def uses_cuda(device: torch.device) -> bool:
     """True when the CUDA extension must serve tensors on `device` (raises if it cannot)."""
-    selected = choice()
+    selected = settings.backend()
     if selected == "reference":
         return False
     if device.type != "cuda":
         if selected == "cuda":
             raise ValueError(f"MOK_BACKEND=cuda needs CUDA tensors, got tensors on {device}")
         return False
-    from mok import _extension
+    from mok.backends.cuda import extension
 
-    _extension.module_for_device(device)  # NotImplementedError for an unsupported device
+    extension.module_for_device(device)  # NotImplementedError for an unsupported device
     return True
 
 
-def select_engine(
-    device: torch.device,
-    buffers: dict[str, torch.Tensor],
-    topk: int,
-    group_name: str,
-    x_ptrs: Sequence[int] = (),
-):
-    """The engine of mok.backends.moe for tensors on `device` (see `uses_cuda`); `x_ptrs` (the
-    op's pointer list of `x_buffer`) names the CUDA workspace."""
-    if uses_cuda(device):
-        from mok.backends.cuda_moe import CudaEngine
+def for_device(device: torch.device, *, traced: bool = False) -> ModuleType:
+    """The backend module that serves tensors on `device` (see `uses_cuda`). `traced`: the
+    caller is being traced by torch.compile, which cannot follow a raw kernel launch, and has no
+    op of its own there; the reference's torch ops (the same bits) serve it."""
+    if not traced and uses_cuda(device):
+        from mok.backends.cuda import kernels
 
-        return CudaEngine.for_buffers(buffers, x_ptrs)
-    from mok.backends.reference import ReferenceEngine
+        return kernels
+    from mok.backends.reference import kernels
 
-    return ReferenceEngine(buffers, topk, group_name)
+    return kernels
+
+
+def engine(workspace):
+    """mok.passes' engine on `workspace`'s buffers."""
+    return for_device(workspace.device).engine(workspace)
+
+
+def routed_gemms(schedule, num_experts: int):
+    """The routed experts' GEMM engine for a schedule on a CUDA device: mok's grouped GEMMs
+    where the module has them, `torch._grouped_mm` otherwise or when MOK_GROUPED_GEMM=torch."""
+    from mok.backends.cuda import grouped_gemm, routed_gemms
+
+    device = schedule[3].device
+    choice = settings.grouped_gemm()
+    if choice == "torch":
+        return routed_gemms.GroupedGemms(schedule, num_experts)
+    if grouped_gemm.available(device):
+        return routed_gemms.HopperGemms(schedule, num_experts)
+    if choice == "mok":
+        raise NotImplementedError(
+            f"MOK_GROUPED_GEMM=mok, but {device}'s module has no grouped GEMMs"
+        )
+    return routed_gemms.GroupedGemms(schedule, num_experts)

@@ -1,5 +1,5 @@
-"""Backend selection (MOK_BACKEND, MOK_GROUPED_GEMM), the CUDA engine's workspace lookup and
-its handling of functional copies of the buffers (torch.compile)."""
+"""The registry (mok.backends: MOK_BACKEND, MOK_GROUPED_GEMM), the flat ops' workspace lookup and
+the CUDA engine's handling of functional copies of the buffers (torch.compile)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ import pytest
 import torch
 
 from mok import backends, workspace
-from mok.backends.cuda_moe import CudaEngine
-from mok.backends.cuda_routed_gemms import GroupedGemms, HopperGemms
-from mok.backends.reference import ReferenceEngine
+from mok.backends.cuda import kernels as cuda_kernels
+from mok.backends.cuda.engine import CudaEngine
+from mok.backends.cuda.routed_gemms import GroupedGemms, HopperGemms
+from mok.backends.reference import kernels as reference_kernels
+from mok.backends.reference.engine import ReferenceEngine
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
 
@@ -38,13 +40,19 @@ def test_cuda_choice_needs_cuda_tensors(monkeypatch):
 
 def test_reference_engine_off_cuda(monkeypatch):
     monkeypatch.delenv("MOK_BACKEND", raising=False)
-    engine = backends.select_engine(CPU, {"x_buffer": torch.zeros(4, 128)}, 2, "")
+    backend = backends.for_device(CPU)
+    engine = backend.op_engine({"x_buffer": torch.zeros(4, 128)}, [0], 2, "")
     assert isinstance(engine, ReferenceEngine)
 
 
+def test_the_registry_hands_out_the_reference_while_tracing(monkeypatch):
+    monkeypatch.setattr(backends, "uses_cuda", lambda device: True)
+    assert backends.for_device(CUDA, traced=True) is reference_kernels
+
+
 def test_cuda_engine_refuses_pointers_of_no_workspace():
-    with pytest.raises(ValueError, match="no entry of `x_ptrs` is this rank's `x_buffer`"):
-        CudaEngine.for_buffers({"x_buffer": torch.zeros(4, 128)}, [12345])
+    with pytest.raises(ValueError, match="must be the `x_buffer` of a live mok workspace"):
+        cuda_kernels.op_engine({"x_buffer": torch.zeros(4, 128)}, [12345], 2, "g")
 
 
 class _Workspace:
@@ -53,7 +61,9 @@ class _Workspace:
     def __init__(self, group_name="g"):
         self.group_name = group_name
         for name, (dtype, shape_of) in workspace._SYMMETRIC_BUFFERS.items():
-            setattr(self, name, torch.zeros(shape_of(2, 4, 128, 2), dtype=dtype))
+            tensor = torch.zeros(shape_of(2, 4, 128, 2), dtype=dtype)
+            setattr(self, name, tensor)
+            setattr(self, f"{name}_ptrs", [111, tensor.data_ptr()])
         workspace._register(self)
 
 
@@ -64,28 +74,30 @@ def test_cuda_engine_takes_functional_copies_of_the_buffers():
     ws = _Workspace()
     x = torch.randn(4, 128).bfloat16()
     combine = torch.full((8, 128), float("nan")).bfloat16()
-    engine = CudaEngine.for_buffers(
-        {"x_buffer": x, "combine_buffer": combine}, [111, ws.x_buffer.data_ptr()]
-    )
+    engine = cuda_kernels.op_engine({"x_buffer": x, "combine_buffer": combine}, ws.x_buffer_ptrs,
+                                    2, "g")  # fmt: skip
     assert engine.ws is ws and torch.equal(ws.x_buffer, x)
     ws.combine_buffer.fill_(3.0)
     engine.hand_back_pushed()
     assert (combine == 3.0).all() and (x != 3.0).any()
-    own = CudaEngine.for_buffers({"x_buffer": ws.x_buffer}, [ws.x_buffer.data_ptr()])
+    own = CudaEngine.with_stand_ins(ws, {"x_buffer": ws.x_buffer})
     assert own._stand_ins == {}
     with pytest.raises(ValueError, match=r"`combine_buffer` must have the workspace's"):
-        CudaEngine.for_buffers({"combine_buffer": combine[:4]}, [ws.x_buffer.data_ptr()])
+        CudaEngine.with_stand_ins(ws, {"combine_buffer": combine[:4]})
 
 
-def test_workspace_of_group_takes_the_first_created_match():
-    first, second, other = _Workspace("g2"), _Workspace("g2"), _Workspace("g3")
-    probe = torch.zeros_like(first.all_gather_top_experts_buffer)
+def test_a_flat_op_finds_its_workspace_by_pointer_list_or_first_created_layout():
+    """The compatibility edge's one lookup: a pointer list names its buffer's workspace; an op
+    without one (the routing all-gather) gets the group's first-created workspace whose buffer
+    has the given layout."""
+    first, other, later = _Workspace("g2"), _Workspace("g3"), _Workspace("g2")
     name = "all_gather_top_experts_buffer"
-    assert workspace.workspace_of_group("g2", name, probe) is first
-    assert workspace.workspace_of_group("g3", name, probe) is other
-    assert workspace.workspace_of_group("g2", name, probe[:1]) is None
-    # the premise: the second workspace of g2 would match too
-    assert workspace.same_layout(second.all_gather_top_experts_buffer, probe)
+    probe = torch.zeros_like(first.all_gather_top_experts_buffer)
+    assert workspace.workspace_for("g2", name, probe) is first
+    assert workspace.workspace_for("g3", name, probe) is other
+    assert workspace.workspace_for("g2", name, probe[:1]) is None
+    assert workspace.workspace_for("g2", "x_buffer", probe, later.x_buffer_ptrs) is later
+    assert workspace.workspace_for("g2", "x_buffer", probe, [1, 2]) is None
 
 
 def _cpu_schedule(experts: int = 2):
@@ -112,7 +124,7 @@ def test_routed_gemms_mok_choice_needs_the_kernels(monkeypatch):
 
 def test_routed_gemms_unknown_choice_is_named(monkeypatch):
     monkeypatch.setenv("MOK_GROUPED_GEMM", "cublas")
-    with pytest.raises(ValueError, match="MOK_GROUPED_GEMM must be auto, mok or torch"):
+    with pytest.raises(ValueError, match="MOK_GROUPED_GEMM must be one of auto, mok, torch"):
         CudaEngine.routed_gemms(_cpu_schedule(), 2)
 
 
@@ -127,7 +139,8 @@ def test_swiglu_epilogue_switch_is_checked(monkeypatch):
 
 
 def test_mxfp8_f16_switch_is_checked(monkeypatch):
-    """The MXFP8 forward reads f16 rebased rows (kind 6) only with MOK_MXFP8_F16=1."""
+    """The MXFP8 forward reads f16 rebased rows (M_GROUPED_MXFP8_NT_F16_ROWS) only with
+    MOK_MXFP8_F16=1."""
     monkeypatch.delenv("MOK_MXFP8_F16", raising=False)
     assert not HopperGemms(_cpu_schedule(), 2).reads_rebased_rows
     monkeypatch.setenv("MOK_MXFP8_F16", "1")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import mok
-from mok import _extension
+from mok.backends.cuda import extension as _extension
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tools" / "build"))

@@ -106,12 +106,13 @@ def test_a_truncated_routed_tensor(step, mxfp8):
 
 
 def test_the_fused_op_checks_its_saved_tensors_itself(step, monkeypatch):
-    """Called without mok.functional's checks (as through torch.ops), the op makes them."""
+    """Called without mok.functional's checks (as through torch.ops, which is how mok.functional
+    reaches it while torch.compile traces), the op makes them."""
     forward, backward = step
     shared, routed = _weights()
     ctx = forward(shared, routed)
     monkeypatch.setattr(F, "_check_context", lambda *args: None)
-    monkeypatch.setattr(F, "call_validated", lambda op, *args: op(*args))
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     short = dataclasses.replace(ctx, hidden_routed=ctx.hidden_routed[:, :64])
     with pytest.raises(ValueError, match=r"`hidden_routed` must be bf16 \[\d+, 128\]"):
         backward(short, shared, routed)
@@ -119,6 +120,9 @@ def test_the_fused_op_checks_its_saved_tensors_itself(step, monkeypatch):
 
 def test_saved_fields_are_the_context_fields_in_order():
     """The fused ops hand their saved tensors to the check in this order."""
-    from mok import _validate
+    from mok import _moe_arguments
 
-    assert tuple(f.name for f in dataclasses.fields(F.MoKForwardContext)) == _validate.SAVED_FIELDS
+    assert (
+        tuple(f.name for f in dataclasses.fields(F.MoKForwardContext))
+        == _moe_arguments.SAVED_FIELDS
+    )

@@ -1,5 +1,5 @@
-"""The eager functional API calls the ops' Python bodies directly (mok._custom_op.direct), not
-through the torch dispatcher; under torch.compile it calls the ops (test_compile traces them)."""
+"""The eager functional API calls the registry's backend and mok.passes directly, not the ops
+through the torch dispatcher; under torch.compile it calls the ops (test_compile)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from mok import _custom_op, ops
+from mok import backends, ops
 from mok import functional as F
 
 TOKENS, HIDDEN, INTER, EXPERTS, TOPK = 16, 128, 128, 2, 2
@@ -26,24 +26,20 @@ class RecordMokOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_every_mok_op_has_a_direct_body():
-    names = {op._name for op in _custom_op._BODIES}  # without the namespace
+def test_every_mok_op_is_registered():
     for name in (
         "schedule",
         "all_gather_top_experts",
+        "barrier_all",
+        "mxfp8_quantize",
         "fwd_epilogue",
         "bwd_epilogue",
         "dispatch_mlp_swiglu_combine_fwd_bf16",
+        "dispatch_mlp_swiglu_combine_fwd_mxfp8",
+        "dispatch_mlp_swiglu_combine_bwd_bf16",
         "dispatch_mlp_swiglu_combine_bwd_mxfp8",
     ):
-        assert name in names
-    body = _custom_op.direct(ops.schedule_op)
-    assert body is not ops.schedule_op and body.__name__ == "schedule_op"
-
-
-def test_direct_is_the_op_while_compiling(monkeypatch):
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    assert _custom_op.direct(ops.schedule_op) is ops.schedule_op
+        assert hasattr(torch.ops.mok, name), name
 
 
 def test_eager_step_bypasses_the_dispatcher(single_rank_group):
@@ -69,11 +65,11 @@ def test_eager_step_bypasses_the_dispatcher(single_rank_group):
 @pytest.mark.parametrize("bad", [[-1, 0], [0, 2], [2**40, 1]], ids=str)
 def test_reference_routing_marks_invalid_ids(bad):
     from mok import status
-    from mok.backends import reference
+    from mok.backends.reference import schedule as reference_schedule
 
     word = torch.zeros(1, dtype=torch.int32)
     ids = torch.tensor([[1, 0], bad], dtype=torch.int64)
-    got = reference.routing(ids, 2, word)
+    got = reference_schedule.routing(ids, 2, word)
     want = [[1, 0], [v if 0 <= v < 2 else -1 for v in bad]]
     assert got.dtype == torch.int32 and got.tolist() == want
     assert int(word) == status.INVALID_EXPERT_ID
@@ -81,40 +77,28 @@ def test_reference_routing_marks_invalid_ids(bad):
 
 def test_build_schedule_routing_is_traceable_while_compiling(monkeypatch):
     """Under torch.compile the routing takes the torch ops even where the CUDA kernel would
-    serve eagerly (a raw launch cannot be traced)."""
-    from mok import schedule
-    from mok.backends import reference
+    serve eagerly (a raw launch cannot be traced): the registry hands out the reference."""
+    from mok.backends.reference import kernels
 
     calls = []
-    monkeypatch.setattr(schedule.backends, "uses_cuda", lambda device: True)
-    monkeypatch.setattr(reference, "routing", lambda *args: calls.append(args) or "torch ops")
+    monkeypatch.setattr(backends, "uses_cuda", lambda device: True)
+    monkeypatch.setattr(kernels, "routing", lambda *args: calls.append(args) or "torch ops")
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     ids = torch.zeros((2, 2), dtype=torch.int64)
-    assert schedule._routing(ids, 4, torch.zeros(1, dtype=torch.int32)) == "torch ops"
+    assert F._routing(ids, 4, torch.zeros(1, dtype=torch.int32)) == "torch ops"
     assert len(calls) == 1
 
 
-def test_fused_op_bodies_skip_only_the_checks_their_caller_made(monkeypatch):
-    """mok.functional calls the fused ops' bodies through `call_validated` after checking
-    every argument: inside, `check_pass` is a no-op; anywhere else it raises for bad input, and
-    under torch.compile the op itself is called."""
-    seen = []
-    op = ops.dispatch_mlp_swiglu_combine_fwd_bf16
-    monkeypatch.setitem(_custom_op._BODIES, op, lambda *a: seen.append(a) or _check_bad_x())
-    assert _custom_op.call_validated(op, 7) is None and seen == [(7,)]
-    assert not _custom_op.arguments_validated()  # only during the call
+def test_fused_op_bodies_always_check_their_arguments():
+    """The fused ops are a public entry: their bodies check every argument (mok.functional
+    checks once and calls mok.passes itself, not the bodies)."""
     with pytest.raises(TypeError, match="`x` must be bf16"):
         _check_bad_x()
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    traced = []
-    monkeypatch.setattr(ops, "dispatch_mlp_swiglu_combine_fwd_bf16", lambda *a: traced.append(a))
-    _custom_op.call_validated(ops.dispatch_mlp_swiglu_combine_fwd_bf16, 8)
-    assert traced == [(8,)] and seen == [(7,)]
 
 
 def _check_bad_x():
-    """check_pass on a float32 x: raises unless inside `validated()`."""
-    from mok._moe_ops import check_pass
+    """check_pass on a float32 x."""
+    from mok.ops.fused_forward import check_pass
 
     bad = torch.zeros(2, 2)
     buffer = ("combine_buffer", bad)
@@ -129,8 +113,9 @@ def test_one_rank_schedules_without_the_all_gather(single_rank_group, monkeypatc
                             hidden_size=HIDDEN, topk=TOPK)  # fmt: skip
     top = torch.randint(0, EXPERTS, (TOKENS, TOPK), generator=torch.Generator().manual_seed(5))
     gather, gathers = ops.all_gather_top_experts, []
-    body = _custom_op._BODIES[gather]
-    monkeypatch.setitem(_custom_op._BODIES, gather, lambda *a: gathers.append(a) or body(*a))
+    backend = backends.for_device(ws.device)
+    body = backend.all_gather_top_experts
+    monkeypatch.setattr(backend, "all_gather_top_experts", lambda *a: gathers.append(a) or body(*a))
     got = F.build_schedule(ws, config, top, num_local_experts=EXPERTS)
     assert gathers == []
     chunk = config.all_gather_top_experts_chunk_bytes

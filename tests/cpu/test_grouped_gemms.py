@@ -1,4 +1,4 @@
-"""The CUDA engine's GEMM glue (mok.backends.cuda_routed_gemms.GroupedGemms) against the
+"""The CUDA engine's GEMM glue (mok.backends.cuda.routed_gemms.GroupedGemms) against the
 reference's masked products, on the CPU: torch._grouped_mm runs there too, so segment offsets,
 the zeroed rows past the schedule and empty experts are checked in CI, not only on a GPU."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mok.backends import reference_experts as experts
-from mok.backends.cuda_routed_gemms import GroupedGemms
+from mok import experts
+from mok.backends.cuda.routed_gemms import GroupedGemms
 
 SEGMENTS = {
     "balanced": [256, 256, 256],

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mok import _extension
+from mok.backends.cuda import extension
 
 
 @pytest.mark.parametrize(("current", "guard_entered"), [(0, True), (1, False)])
@@ -19,7 +19,7 @@ def test_launch_forwards_arguments_and_the_current_stream(monkeypatch, current, 
     not already the current one."""
     calls, guarded = [], []
     module = SimpleNamespace(kernel=lambda **kw: calls.append(kw) or "result")
-    monkeypatch.setattr(_extension, "_module_for_index", lambda index: module)
+    monkeypatch.setattr(extension, "_module_for_index", lambda index: module)
 
     @contextlib.contextmanager
     def guard(device):
@@ -30,7 +30,7 @@ def test_launch_forwards_arguments_and_the_current_stream(monkeypatch, current, 
     monkeypatch.setattr(torch.cuda, "current_device", lambda: current)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 70 + index)
     device = torch.device("cuda", 1)
-    assert _extension.launch(device, "kernel", x=1, rows=2) == "result"
+    assert extension.launch(device, "kernel", x=1, rows=2) == "result"
     assert calls == [{"x": 1, "rows": 2, "stream": 71}]
     assert guarded == ([1] if guard_entered else [])
 
@@ -41,12 +41,12 @@ def test_raw_stream_falls_back_to_the_stream_object(monkeypatch):
     monkeypatch.setattr(
         torch.cuda, "current_stream", lambda index: SimpleNamespace(cuda_stream=77 + index)
     )
-    assert _extension._raw_stream(2) == 79
+    assert extension._raw_stream(2) == 79
 
 
 def test_aligned_copies_only_a_misaligned_view():
     base = torch.zeros(64, dtype=torch.uint8)
-    assert _extension.aligned(base).data_ptr() == base.data_ptr()
+    assert extension.aligned(base).data_ptr() == base.data_ptr()
     view = base[1:17]
-    fixed = _extension.aligned(view)
-    assert fixed.data_ptr() % _extension.ALIGNMENT == 0 and torch.equal(fixed, view)
+    fixed = extension.aligned(view)
+    assert fixed.data_ptr() % extension.ALIGNMENT == 0 and torch.equal(fixed, view)

@@ -1,4 +1,4 @@
-"""Where the passes run exchanges in the background (mok.backends.moe), the knob that sizes them
+"""Where the passes run exchanges in the background (mok.passes), the knob that sizes them
 (MOK_OVERLAP_CTAS) and the exchanges' wait bound (MOK_COMM_TIMEOUT_S). The GPU side, bitwise
 equality with foreground exchanges, is in tests/gpu/test_functional_cuda.py."""
 
@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mok.backends import moe
-from mok.backends import reference_experts as experts
-from mok.backends.cuda_comm import timeout_ns
-from mok.backends.cuda_dense import sm_carveout
-from mok.backends.cuda_moe import background_ctas
+from mok import experts, passes
+from mok.backends.cuda.dense_gemms import sm_carveout
 from mok.ops import mxfp8_quantize
+from mok.schedule import MoKSchedule
+from mok.settings import comm_timeout_ns as timeout_ns
+from mok.settings import overlap_ctas as background_ctas
 
 HIDDEN, INTER, EXPERTS, SEGMENT = 128, 64, 2, 256
 ROWS = EXPERTS * SEGMENT
@@ -132,7 +132,7 @@ def _run_step(shared_inter: int | None, mxfp8: bool = False) -> RecordingEngine:
     """One forward and backward at top-1; no shared expert when `shared_inter` is None."""
     gen = torch.Generator().manual_seed(1)
     tokens = 64
-    schedule = (
+    schedule = MoKSchedule(
         torch.zeros(ROWS, dtype=torch.int32),
         torch.arange(ROWS, dtype=torch.int32),
         torch.tensor([ROWS], dtype=torch.int32),
@@ -144,19 +144,19 @@ def _run_step(shared_inter: int | None, mxfp8: bool = False) -> RecordingEngine:
     with_shared = shared_inter is not None
     shared = tuple(w[0] for w in _weights(gen, 1, shared_inter)) if with_shared else None
     engine = RecordingEngine()
-    saved, _, shared_out = moe.forward(engine, x, shared, routed_fwd, schedule, None, mxfp8)
+    saved, _, shared_out = passes.forward(engine, x, shared, routed_fwd, schedule, None, mxfp8)
     assert not engine.pending, "forward returned with a background exchange not joined"
     shared_saved = shared_out[:3] if with_shared else None
-    moe.backward(engine, x, shared, routed_bwd, saved, shared_saved, x, schedule, None, mxfp8)
+    passes.backward(engine, x, shared, routed_bwd, saved, shared_saved, x, schedule, None, mxfp8)
     assert not engine.pending, "backward returned with a background exchange not joined"
     return engine
 
 
 def test_backward_exchanges_overlap_a_large_shared_expert_only():
-    large = moe.MIN_SHARED_INTER_PER_TOPK  # at top-1: the smallest shared expert that overlaps
+    large = passes.MIN_SHARED_INTER_PER_TOPK  # at top-1: the smallest shared expert that overlaps
     exchanges = [(kind, bg) for kind, bg in _run_step(large).log if not kind.startswith("routed")]
     backgrounds = [kind for kind, bg in exchanges if bg]
-    assert backgrounds == [  # the backward's exchanges; the forward gained nothing (moe.py)
+    assert backgrounds == [  # the backward's exchanges; the forward gained nothing (mok.passes)
         "pull router weights",
         "pull d_y_buffer",
         "push d_x_routed_buffer",
@@ -181,7 +181,7 @@ def test_routed_wgrad_inputs_are_prepared_beside_the_push():
     """MXFP8: the row-blocked roundings of d_gate and d_up are computed while the background
     push runs (the comm stream's fork is pending), the routed weight-gradient GEMMs only after
     it joined; d_out's router-weighted rounding comes with its pull (no routed step)."""
-    log = _run_step(moe.MIN_SHARED_INTER_PER_TOPK, mxfp8=True).log
+    log = _run_step(passes.MIN_SHARED_INTER_PER_TOPK, mxfp8=True).log
     kinds = [kind for kind, _ in log]
     roundings = [i for i, kind in enumerate(kinds) if kind == "routed mx_round_rows"]
     assert [log[i] for i in roundings] == [("routed mx_round_rows", True)] * 2
@@ -194,7 +194,7 @@ def test_routed_wgrad_inputs_are_prepared_beside_the_push():
 def test_bf16_hidden_rows_are_scaled_by_the_swiglu_backward():
     """BF16: d_W_down's router-weighted hidden rows come from the SwiGLU backward's pass, so no
     scaling pass runs before the weight gradients; MXFP8 scales d_out's rows instead."""
-    kinds = [kind for kind, _ in _run_step(moe.MIN_SHARED_INTER_PER_TOPK).log]
+    kinds = [kind for kind, _ in _run_step(passes.MIN_SHARED_INTER_PER_TOPK).log]
     assert "routed swiglu_backward scale_hidden=True" in kinds
     assert "routed scale_rows" not in kinds
     mx_kinds = [kind for kind, _ in _run_step(None, mxfp8=True).log]

@@ -29,7 +29,7 @@ from moe_scenarios import (
     make_inputs,
 )
 
-from mok.backends import reference_experts
+from mok import experts as reference_experts
 
 SHARED_GRADS = {"d_shared_gate", "d_shared_up", "d_shared_down"}
 # Gradients that pass through the SwiGLU clamp mask (d_gate, d_up).

@@ -28,7 +28,7 @@ from moe_oracle import (
 )
 from moe_scenarios import EP_SIZES, LIMIT, REPEATED, SCENARIOS, TOPK, make_inputs
 
-from mok.backends import reference_experts
+from mok import experts as reference_experts
 
 # Output vs exact float64: DESIGN.md §7's bounds. Its max|diff| bounds (0.5 BF16, 1.0 MXFP8) are
 # for outputs of order one; here they scale with max|ref| (up to ~4, and ~60 in "wide").

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mok import status
-from mok.backends import reference
+from mok.backends.reference import schedule as reference_schedule
 
 
 def expected_schedule(topk_all: torch.Tensor, num_local_experts: int, rank: int):
@@ -43,7 +43,9 @@ def expected_schedule(topk_all: torch.Tensor, num_local_experts: int, rank: int)
 
 def run(topk_all, num_local_experts, capacity, rank):
     word = torch.zeros(1, dtype=torch.int32)
-    out = reference.schedule(topk_all.to(torch.int32), num_local_experts, capacity, rank, word)
+    out = reference_schedule.schedule(
+        topk_all.to(torch.int32), num_local_experts, capacity, rank, word
+    )
     return (*out, int(word))
 
 

@@ -25,9 +25,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mok import status
-from mok.backends import cuda_schedule, reference
 
 # The constants of csrc/schedule.h.
+from mok.backends.cuda import schedule as cuda_schedule
+from mok.backends.reference import schedule as reference_schedule
+
 LANES = 32
 STEPS = 16  # 32-route steps per warp: a warp owns 512 consecutive routes of a chunk
 MAX_WARPS = 8
@@ -181,7 +183,7 @@ def emulate(topk_all: np.ndarray, experts: int, capacity: int, rank: int):
 
 def check_against_reference(topk_all: torch.Tensor, experts: int, capacity: int, rank: int):
     word = torch.zeros(1, dtype=torch.int32)
-    want = reference.schedule(topk_all, experts, capacity, rank, word)
+    want = reference_schedule.schedule(topk_all, experts, capacity, rank, word)
     got = emulate(topk_all.numpy(), experts, capacity, rank)
     names = ("peer_rank", "peer_token_idx", "num_tokens", "tokens_per_expert")
     for name, g, w in zip(names, got[:4], want, strict=True):
@@ -224,7 +226,9 @@ def _capacity(topk_all, experts, rank, factor: float) -> int:
     """A capacity `factor` times the rows rank needs (a multiple of 256, at least 256)."""
     word = torch.zeros(1, dtype=torch.int32)
     huge = topk_all.numel() + experts * ROWS
-    needed = int(reference.schedule(topk_all, experts, -(-huge // 256) * 256, rank, word)[2])
+    needed = int(
+        reference_schedule.schedule(topk_all, experts, -(-huge // 256) * 256, rank, word)[2]
+    )
     return max(ROWS, int(needed * factor) // ROWS * ROWS)
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mok import functional as F
-from mok.backends import cuda_comm
+from mok.backends.cuda import comm
 
 SIZES = {"num_local_tokens": 16, "hidden_size": 128, "topk": 2}
 
@@ -123,7 +123,7 @@ def test_zero_destination_names_the_combine_buffers_only(single_rank_group):
     ws = F.create_workspace(F.MoKConfig(), single_rank_group, device="cpu", **SIZES)
     ws.d_x_routed_buffer.fill_(7.0)
     ws.x_buffer.fill_(3.0)
-    assert not cuda_comm.zero_destination(ws, "d_x_routed_buffer").any()
+    assert not comm.zero_destination(ws, "d_x_routed_buffer").any()
     with pytest.raises(ValueError, match="buffer name must be one of"):
-        cuda_comm.zero_destination(ws, "x_buffer")
+        comm.zero_destination(ws, "x_buffer")
     assert (ws.x_buffer == 3.0).all()

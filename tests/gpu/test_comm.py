@@ -1,4 +1,4 @@
-"""The NVLink comm kernels (mok.backends.cuda_comm) against the reference backend, bit for bit.
+"""The NVLink comm kernels (mok.backends.cuda.comm) against the reference backend, bit for bit.
 
 One pytest process per rank, through torchrun; EP is the number of processes:
 
@@ -37,11 +37,12 @@ from comm_helpers import (
     ws_and_draws,
 )
 
-from mok import _extension, _routes
 from mok import status as device_status
-from mok.backends import cuda, cuda_comm, cuda_comm_mxfp8, cuda_rebased, reference
+from mok.backends.cuda import comm as cuda_comm
+from mok.backends.cuda import extension, mxfp8, mxfp8_pulls, rebased_rows
+from mok.backends.reference import exchange as reference_exchange
 from mok.config import MoKConfig
-from mok.schedule import build_schedule
+from mok.functional import build_schedule
 
 # The fixtures device, seed and workspaces come from tests/gpu/conftest.py (which also skips with
 # the reason when there is no GPU or no module).
@@ -58,7 +59,7 @@ def test_all_gather_top_experts(shape, seed, workspaces):
         poison(ws.all_gather_top_experts_buffer)
         skew(rng)
         got = cuda_comm.all_gather_top_experts(ws, mine).clone()
-        want = reference.all_gather(mine, ws.group_name)
+        want = reference_exchange.all_gather(mine, ws.group_name)
         problems.append(bit_mismatch(f"all-gather call {call} ({kind})", got, want))
     expect_clean(ws, problems)
 
@@ -103,8 +104,8 @@ def test_pull_rows_and_router_weights(shape, kind, seed, workspaces):
         cuda_comm.pull_rows(ws, name, sched, out)
         skew(rng)
         got_rw = cuda_comm.pull_router_weights(ws, sched, out_rw)
-        want = reference.pull_rows(source, sched[0], sched[1], ws.topk, ws.group_name)
-        want_rw = reference.pull_router_weights(
+        want = reference_exchange.pull_rows(source, sched[0], sched[1], ws.topk, ws.group_name)
+        want_rw = reference_exchange.pull_router_weights(
             ws.router_weight_buffer, sched[0], sched[1], ws.group_name
         )
         # zero_rest=False: rows from num_tokens on keep what they held (the poison).
@@ -129,7 +130,7 @@ def test_pull_rows_and_router_weights(shape, kind, seed, workspaces):
 @pytest.mark.parametrize("kind", ROUTINGS)
 @pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
 def test_pull_round_is_the_pull_then_the_rounding(shape, kind, ctas, seed, workspaces):
-    """The MXFP8 dispatch in one pass (cuda_comm_mxfp8.pull_round, on its own grid or on a few
+    """The MXFP8 dispatch in one pass (mxfp8_pulls.pull_round, on its own grid or on a few
     CTAs taking turns) against pull_rows followed by mxfp8_round with its transposed pair, bit
     for bit, on the rows below num_tokens (nothing reads, or writes, the rest)."""
     ws, gen, rng = ws_and_draws(workspaces, seed, "pull_round", shape, kind, ctas)
@@ -137,9 +138,9 @@ def test_pull_round_is_the_pull_then_the_rounding(shape, kind, ctas, seed, works
     def one_call(call: int, sched: tuple[torch.Tensor, ...]) -> list[str | None]:
         ws.x_buffer.copy_(random_rows(tuple(ws.x_buffer.shape), torch.bfloat16, gen))
         skew(rng)
-        values, (data_t, scale_t) = cuda_comm_mxfp8.pull_round(ws, "x_buffer", sched, num_ctas=ctas)
+        values, (data_t, scale_t) = mxfp8_pulls.pull_round(ws, "x_buffer", sched, num_ctas=ctas)
         rows = cuda_comm.pull_rows(ws, "x_buffer", sched)
-        want, (want_t, want_scale_t) = cuda.mxfp8_round(rows, transposed=True)
+        want, (want_t, want_scale_t) = mxfp8.mxfp8_round(rows, transposed=True)
         live = int(sched[2].item())
         what = f"pull_round call {call}"
         return [
@@ -159,7 +160,7 @@ def test_pull_round_is_the_pull_then_the_rounding(shape, kind, ctas, seed, works
 @pytest.mark.parametrize("kind", ROUTINGS)
 @pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
 def test_pull_round_rows_is_the_pull_then_both_roundings(shape, kind, ctas, seed, workspaces):
-    """The MXFP8 backward's d_out pull in one pass (cuda_comm_mxfp8.pull_round_rows) against
+    """The MXFP8 backward's d_out pull in one pass (mxfp8_pulls.pull_round_rows) against
     pull_rows followed by mxfp8_round and mxfp8_round_rows with the router weights as row
     scales, bit for bit, on the rows below num_tokens."""
     ws, gen, rng = ws_and_draws(workspaces, seed, "pull_round_rows", shape, kind, ctas)
@@ -168,12 +169,12 @@ def test_pull_round_rows_is_the_pull_then_both_roundings(shape, kind, ctas, seed
         ws.d_y_buffer.copy_(random_rows(tuple(ws.d_y_buffer.shape), torch.bfloat16, gen))
         weights = random_rows((sched[0].shape[0],), torch.float32, gen)
         skew(rng)
-        values, rounded_rows = cuda_comm_mxfp8.pull_round_rows(
+        values, rounded_rows = mxfp8_pulls.pull_round_rows(
             ws, "d_y_buffer", sched, weights, num_ctas=ctas
         )
         rows = cuda_comm.pull_rows(ws, "d_y_buffer", sched)
-        want = cuda.mxfp8_round(rows)[0]
-        want_rows = cuda.mxfp8_round_rows(rows, row_scale=weights)
+        want = mxfp8.mxfp8_round(rows)[0]
+        want_rows = mxfp8.mxfp8_round_rows(rows, row_scale=weights)
         live = int(sched[2].item())
         what = f"pull_round_rows call {call}"
         return [
@@ -187,7 +188,8 @@ def test_pull_round_rows_is_the_pull_then_both_roundings(shape, kind, ctas, seed
 @pytest.mark.parametrize("kind", ROUTINGS)
 @pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
 def test_pull_round_rebased_rows(shape, kind, seed, workspaces):
-    """EP 1: pull_round's f16 rows rebased per row (kind 6's input) are its bf16 rounded rows
+    """EP 1: pull_round's f16 rows rebased per row (M_GROUPED_MXFP8_NT_F16_ROWS's input) are its
+    bf16 rounded rows
     times 2^(127 - R), R the source token's row_exponents byte (0 on padding rows), exactly,
     with the same transposed pair; beyond EP 1 the mode is refused (it reads local tokens)."""
     ws, gen, rng = ws_and_draws(workspaces, seed, "pull_round_rebased", shape, kind)
@@ -196,14 +198,14 @@ def test_pull_round_rebased_rows(shape, kind, seed, workspaces):
         ws.x_buffer.copy_(random_rows(tuple(ws.x_buffer.shape), torch.bfloat16, gen))
         if ws.ep_size > 1:
             with pytest.raises(ValueError, match="need the local source"):
-                cuda_comm_mxfp8.pull_round(ws, "x_buffer", sched, rebased=True)
+                mxfp8_pulls.pull_round(ws, "x_buffer", sched, rebased=True)
             return []
         skew(rng)
-        (values, exponents), pair = cuda_comm_mxfp8.pull_round(ws, "x_buffer", sched, rebased=True)
-        want, want_pair = cuda_comm_mxfp8.pull_round(ws, "x_buffer", sched)
+        (values, exponents), pair = mxfp8_pulls.pull_round(ws, "x_buffer", sched, rebased=True)
+        want, want_pair = mxfp8_pulls.pull_round(ws, "x_buffer", sched)
         live = int(sched[2].item())
         source = (sched[1][:live] // ws.topk).clamp(min=0).long()
-        tokens = cuda_rebased.row_exponents(ws.x_buffer)[source]
+        tokens = rebased_rows.row_exponents(ws.x_buffer)[source]
         want_exponents = torch.where(sched[0][:live] < 0, 0, tokens).to(torch.uint8)
         back = values[:live].float() * torch.exp2(exponents[:live].float() - 127)[:, None]
         what = f"rebased pull_round call {call}"
@@ -236,8 +238,8 @@ def test_push_rows(shape, kind, seed, workspaces):
         cuda_comm.push_rows(ws, rw_rows, sched, "d_router_weight_buffer")
         got_rw = ws.d_router_weight_buffer.clone()
         want, want_rw = torch.zeros_like(dest), torch.zeros_like(ws.d_router_weight_buffer)
-        reference.push_rows(rows, sched[0], sched[1], want, ws.group_name)
-        reference.push_rows(rw_rows, sched[0], sched[1], want_rw.view(-1), ws.group_name)
+        reference_exchange.push_rows(rows, sched[0], sched[1], want, ws.group_name)
+        reference_exchange.push_rows(rw_rows, sched[0], sched[1], want_rw.view(-1), ws.group_name)
         return [
             bit_mismatch(f"push into {name} call {call}", got, want),
             bit_mismatch(f"push router-weight grads call {call}", got_rw, want_rw),
@@ -252,7 +254,7 @@ _PUSH_NAMES = ("combine_buffer", "d_x_routed_buffer", "d_router_weight_buffer")
 @pytest.mark.parametrize("kind", ("uniform", "invalid_ids", "one_rank"))
 @pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
 def test_push_after_build_schedule_clears_only_unrouted_rows(shape, kind, seed, workspaces):
-    """A schedule of build_schedule's (mok._routes keeps its routing: these workspaces' capacity
+    """A schedule of build_schedule's (it keeps its routes: these workspaces' capacity
     holds the worst case at EP <= 2): the push zeroes only the rows of invalid routes in the
     poisoned destination, and gets the bits of a push into a zeroed one."""
     ws, gen, rng = ws_and_draws(workspaces, seed, "push-built", shape, kind)
@@ -262,7 +264,7 @@ def test_push_after_build_schedule_clears_only_unrouted_rows(shape, kind, seed, 
         mine = routing(kind, ws.num_local_tokens, ws.topk, ws.ep_size * shape[3], gen)
         built = build_schedule(ws, MoKConfig(), mine.long(), num_local_experts=shape[3])
         sched = built.as_tuple()
-        kept = _routes.routing_of(sched[0]) is not None
+        kept = built.routes is not None
         assert kept == (ws.schedule_capacity >= worst_case)
         name = _PUSH_NAMES[call % len(_PUSH_NAMES)]
         dest = getattr(ws, name)
@@ -272,10 +274,11 @@ def test_push_after_build_schedule_clears_only_unrouted_rows(shape, kind, seed, 
         rows = random_rows(rows_shape, dest.dtype, gen)
         poison(dest)
         skew(rng)
-        cuda_comm.push_rows(ws, rows, built if call % 2 else sched, name)  # either form
+        # Either form: the MoKSchedule (its routes: only unrouted rows zeroed) or its tuple (all).
+        cuda_comm.push_rows(ws, rows, built if call % 2 else sched, name)
         got = dest.clone()
         want = torch.zeros_like(dest)
-        reference.push_rows(rows, sched[0], sched[1], want.view(-1) if one_value else want,
+        reference_exchange.push_rows(rows, sched[0], sched[1], want.view(-1) if one_value else want,
                             ws.group_name)  # fmt: skip
         problems.append(bit_mismatch(f"push into {name} call {call} (kept {kept})", got, want))
     torch.cuda.synchronize()
@@ -302,7 +305,7 @@ def test_barrier_timeout_sets_status_and_ranks_recover(workspaces, monkeypatch):
     torch.cuda.synchronize()
     value = int(ws.status.item())
     ws.status.zero_()
-    epochs = reference.all_gather(ws.barrier_target, ws.group_name).flatten().tolist()
+    epochs = reference_exchange.all_gather(ws.barrier_target, ws.group_name).flatten().tolist()
     if ws.ep_rank == 0:
         assert value & device_status.TIMEOUT, f"rank 0 status {value:#x} lacks TIMEOUT"
         with pytest.raises(device_status.MoKDeviceError, match="barrier gave up"):
@@ -351,12 +354,12 @@ def test_rejects_bad_arguments(workspaces):
         )
     odd = tuple(t[:200] for t in sched[:2]) + sched[2:]
     with pytest.raises(ValueError, match="multiples of 128"):
-        cuda_comm_mxfp8.pull_round(ws, "x_buffer", odd)
+        mxfp8_pulls.pull_round(ws, "x_buffer", odd)
     with pytest.raises(ValueError, match="num_ctas"):
-        cuda_comm_mxfp8.pull_round(ws, "x_buffer", sched, num_ctas=0)
+        mxfp8_pulls.pull_round(ws, "x_buffer", sched, num_ctas=0)
     with pytest.raises(ValueError, match="row_weights"):
-        cuda_comm_mxfp8.pull_round_rows(ws, "d_y_buffer", sched, torch.ones(256, device="cuda")[1:])
-    module = _extension.module_for_device(ws.device)
+        mxfp8_pulls.pull_round_rows(ws, "d_y_buffer", sched, torch.ones(256, device="cuda")[1:])
+    module = extension.module_for_device(ws.device)
     big = 1 << 20
     with pytest.raises(ValueError, match="multiples of 128"):
         module.comm_pull_round(big, big, big, big, 256, 100, 1, 1, 1, big, big, big, 0, 0)

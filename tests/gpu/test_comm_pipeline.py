@@ -31,9 +31,11 @@ from comm_helpers import (
 )
 from gpu_helpers import gb_per_s
 
-from mok.backends import cuda_comm, cuda_epilogue, reference
-
 # The fixtures device, seed and workspaces come from tests/gpu/conftest.py.
+from mok.backends.cuda import comm as cuda_comm
+from mok.backends.cuda import epilogue as cuda_epilogue
+from mok.backends.reference import exchange as reference_exchange
+
 pytestmark = [pytest.mark.gpu, *([pytest.mark.multi_gpu] if WORLD > 1 else [])]
 
 
@@ -57,10 +59,12 @@ def test_forward_composed_with_minimal_barriers(shape, seed, workspaces):
         y = (x_rows.float() * -0.5).to(torch.bfloat16)  # exact: stands in for the experts
         cuda_comm.push_rows(ws, y, sched, "combine_buffer", zero_fill=False, sync_before=False)
         out = cuda_epilogue.fwd_epilogue(shared, ws.combine_buffer, weights)
-        want_rows = reference.pull_rows(ws.x_buffer, sched[0], sched[1], ws.topk, ws.group_name)
+        want_rows = reference_exchange.pull_rows(
+            ws.x_buffer, sched[0], sched[1], ws.topk, ws.group_name
+        )
         want_combine = torch.zeros_like(ws.combine_buffer)
         want_y = (want_rows.float() * -0.5).to(torch.bfloat16)
-        reference.push_rows(want_y, sched[0], sched[1], want_combine, ws.group_name)
+        reference_exchange.push_rows(want_y, sched[0], sched[1], want_combine, ws.group_name)
         want = epilogue_oracle(shared, want_combine, weights)
         return [
             bit_mismatch(f"composed pull call {call}", x_rows, want_rows),
@@ -112,14 +116,14 @@ def _graph_reference(ws, s: dict[str, torch.Tensor]) -> list[torch.Tensor]:
     rank, token = s["peer_rank"], s["peer_token_idx"]
     group = ws.group_name
     combine = torch.zeros_like(ws.combine_buffer)
-    reference.push_rows(s["rows"], rank, token, combine, group)
+    reference_exchange.push_rows(s["rows"], rank, token, combine, group)
     d_rw = torch.zeros_like(ws.d_router_weight_buffer)
-    reference.push_rows(s["rw_rows"], rank, token, d_rw.view(-1), group)
+    reference_exchange.push_rows(s["rw_rows"], rank, token, d_rw.view(-1), group)
     ones = torch.ones_like(s["router_weights"])
     return [
-        reference.all_gather(s["routing"], group),
-        reference.pull_rows(ws.x_buffer, rank, token, ws.topk, group),
-        reference.pull_router_weights(ws.router_weight_buffer, rank, token, group),
+        reference_exchange.all_gather(s["routing"], group),
+        reference_exchange.pull_rows(ws.x_buffer, rank, token, ws.topk, group),
+        reference_exchange.pull_router_weights(ws.router_weight_buffer, rank, token, group),
         combine,
         d_rw,
         epilogue_oracle(s["shared"], combine, s["router_weights"]).cuda(),

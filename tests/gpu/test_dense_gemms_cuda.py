@@ -1,4 +1,4 @@
-"""The shared expert's GEMMs (mok.backends.cuda_dense.DenseGemms: cuBLAS over every token row)
+"""The shared expert's GEMMs (mok.backends.cuda.dense_gemms.DenseGemms: cuBLAS over every token row)
 against fp32 products.
 
 One GPU, no process group. Weights come as the passes give them: [1, N, K] contiguous (the
@@ -12,7 +12,7 @@ import pytest
 import torch
 from gpu_helpers import case_generator, module_seed, requires_gpu_module
 
-from mok.backends.cuda_dense import DenseGemms
+from mok.backends.cuda.dense_gemms import DenseGemms
 
 pytestmark = [pytest.mark.gpu, requires_gpu_module()]
 

@@ -1,4 +1,4 @@
-"""The CUDA combine epilogues (mok.backends.cuda_epilogue.fwd_epilogue / bwd_epilogue) against the
+"""The CUDA combine epilogues (mok.backends.cuda.epilogue.fwd_epilogue / bwd_epilogue) against the
 arithmetic of mok.ops.fwd_epilogue / bwd_epilogue, bit for bit. One GPU, no process group.
 
 The oracle runs the reference's PyTorch loop on the CPU (so no GPU arithmetic mode can touch it)
@@ -14,7 +14,7 @@ import torch
 from gpu_helpers import device_copy_gb_per_s, gb_per_s, module_seed, requires_gpu_module
 
 from mok import ops
-from mok.backends import cuda_epilogue
+from mok.backends.cuda import epilogue as cuda_epilogue
 
 pytestmark = pytest.mark.gpu
 

@@ -1,5 +1,5 @@
-"""The expert elementwise kernels (mok.backends.cuda_experts) against the reference's PyTorch
-forms (mok.backends.reference_experts.ExpertEngine) on the same GPU tensors.
+"""The expert elementwise kernels (mok.backends.cuda.elementwise) against the reference's PyTorch
+forms (mok.experts.ExpertEngine) on the same GPU tensors.
 
 Rows past `num_tokens` must be zeros; gate and up span the SwiGLU clamp (values beyond +-L,
 exact zeros) and router weights take both signs. Fresh data every run (seed printed; replay
@@ -12,9 +12,9 @@ import pytest
 import torch
 from gpu_helpers import module_seed, requires_gpu_module
 
-from mok import _extension
-from mok.backends import cuda, cuda_experts
-from mok.backends.reference_experts import ExpertEngine
+from mok.backends.cuda import elementwise as cuda_experts
+from mok.backends.cuda import extension, mxfp8
+from mok.experts import ExpertEngine
 
 pytestmark = [pytest.mark.gpu, requires_gpu_module()]
 
@@ -93,8 +93,8 @@ def test_swiglu_mxfp8_is_the_unfused_steps_bit_for_bit(case, seed):
     _, _, gate, up, num_tokens = _data(case, seed)
     hidden_q, hidden_t, gate_q, up_q = cuda_experts.swiglu_mxfp8(gate, up, num_tokens, limit)
     hidden = cuda_experts.swiglu(gate, up, num_tokens, limit)
-    want_q, want_t = cuda.mxfp8_round(hidden, transposed=True)
-    want = [want_q, *want_t, *cuda.mxfp8_quantize(gate)[:2], *cuda.mxfp8_quantize(up)[:2]]
+    want_q, want_t = mxfp8.mxfp8_round(hidden, transposed=True)
+    want = [want_q, *want_t, *mxfp8.mxfp8_quantize(gate)[:2], *mxfp8.mxfp8_quantize(up)[:2]]
     got = [hidden_q, *hidden_t, *gate_q, *up_q]
     names = ["hidden", "hidden_t", "hidden_scale_t", "gate_q", "gate_scale", "up_q", "up_scale"]
     for name, g, w in zip(names, got, want, strict=True):
@@ -110,8 +110,8 @@ def test_swiglu_backward_of_mxfp8_gate_and_up_is_that_of_their_values_bit_for_bi
     _, rand, gate, up, num_tokens = _data(case, seed)
     gate[:, :32] = float("nan")  # a block of NaN values, and one of zeros, in every row
     up[:, 32:64] = 0.0
-    pairs = [cuda.mxfp8_quantize(t)[:2] for t in (gate, up)]
-    values = [cuda.mxfp8_dequantize(*pair) for pair in pairs]
+    pairs = [mxfp8.mxfp8_quantize(t)[:2] for t in (gate, up)]
+    values = [mxfp8.mxfp8_dequantize(*pair) for pair in pairs]
     hidden = cuda_experts.swiglu(*values, num_tokens, limit)
     d_h, rw = rand(rows, inter, scale=1.0), rand(rows, scale=1.0)
     got = cuda_experts.swiglu_backward(d_h, rw, *pairs, hidden, num_tokens, limit)
@@ -136,7 +136,7 @@ def test_rows_past_num_tokens_stay_untouched_without_zero_rest(case, seed):
     hidden = cuda_experts.swiglu(gate, up, num_tokens, limit)
     full = cuda_experts.swiglu_backward(d_h, rw, gate, up, hidden, num_tokens, limit,
                                         scale_hidden=True)  # fmt: skip
-    module = _extension.module_for_device(gate.device)
+    module = extension.module_for_device(gate.device)
     stream = torch.cuda.current_stream().cuda_stream
     poison = float("nan")
     kept_hidden = torch.full_like(gate, poison)

@@ -17,8 +17,8 @@ import torch.distributed as dist
 from gpu_helpers import poison_cached_memory
 
 from mok import functional as F
-from mok import ops
-from mok.backends import cuda_gemm, cuda_rebased, moe
+from mok import ops, passes
+from mok.backends.cuda import grouped_gemm, rebased_rows
 
 # Rank-count agnostic: the 1-rank pass runs them at EP=1, the multi-GPU pass at EP=N.
 pytestmark = [pytest.mark.gpu, pytest.mark.multi_gpu]
@@ -240,7 +240,8 @@ def test_stale_memory_changes_no_bit(nccl_group, case, mode, stale):
     ("mode", "variable"), [("bf16", "MOK_SWIGLU_EPILOGUE"), ("mxfp8", "MOK_MXFP8_F16")]
 )
 def test_stale_memory_changes_no_bit_in_opt_ins(nccl_group, monkeypatch, mode, variable, stale):
-    """The same for the opt-in kernels (kind 5's SwiGLU epilogue, kind 6's rebased rows)."""
+    """The same for the opt-in kernels (M_GROUPED_BF16_NT_SWIGLU's SwiGLU epilogue,
+    M_GROUPED_MXFP8_NT_F16_ROWS's rebased rows)."""
     monkeypatch.setenv(variable, "1")
     _check_stale_memory(nccl_group, "qwen3-235b-like", mode, stale)
 
@@ -260,7 +261,7 @@ def test_background_exchanges_change_no_bit(nccl_group, monkeypatch, mode):
     """Exchanges overlapped with the shared expert give the bits of foreground ones; one CTA
     (MOK_OVERLAP_CTAS=1) makes them run long, so a missing wait or an early free would show."""
     data = _make(CASES["dsv4-like"], _seed())
-    assert moe.overlaps_shared(data["shared"], data["top"].shape[1]), "case must overlap"
+    assert passes.overlaps_shared(data["shared"], data["top"].shape[1]), "case must overlap"
     config, ws = _workspace(nccl_group, data)
     monkeypatch.setenv("MOK_OVERLAP_CTAS", "0")
     foreground, _ = step(ws, config, data, mode)
@@ -299,7 +300,7 @@ def _switch_changes_no_bit(nccl_group, monkeypatch, case, mode, variable, target
 def test_swiglu_epilogue_changes_no_bit(nccl_group, monkeypatch, case):
     """The gate/up GEMM with SwiGLU in its epilogue (MOK_SWIGLU_EPILOGUE=1) gives the bits of
     the GEMM + SwiGLU kernel pair; "smallest" (I = 128) runs it, as qwen3-235b-like does."""
-    target = (cuda_gemm, "linear_swiglu")
+    target = (grouped_gemm, "linear_swiglu")
     ran, _ = _switch_changes_no_bit(nccl_group, monkeypatch, case, "bf16",
                                     "MOK_SWIGLU_EPILOGUE", target)  # fmt: skip
     assert ran, "MOK_SWIGLU_EPILOGUE=1 did not run the SwiGLU epilogue"
@@ -307,9 +308,10 @@ def test_swiglu_epilogue_changes_no_bit(nccl_group, monkeypatch, case):
 
 @pytest.mark.parametrize("case", ["dsv4-like", "smallest"])
 def test_mxfp8_f16_rows_change_no_bit(nccl_group, monkeypatch, case):
-    """The MXFP8 forward's gate/up GEMM on f16 rows rebased per row (kind 6, MOK_MXFP8_F16=1,
-    at EP 1) gives the bits of kind 4 on bf16 rows (the default) for the whole step."""
-    target = (cuda_rebased, "linear_mx_f16")
+    """The MXFP8 forward's gate/up GEMM on f16 rows rebased per row (M_GROUPED_MXFP8_NT_F16_ROWS,
+    MOK_MXFP8_F16=1,
+    at EP 1) gives the bits of M_GROUPED_MXFP8_NT on bf16 rows (the default) for the whole step."""
+    target = (rebased_rows, "linear_mx_f16")
     ran, ws = _switch_changes_no_bit(nccl_group, monkeypatch, case, "mxfp8", "MOK_MXFP8_F16",
                                      target)  # fmt: skip
     assert ran == (ws.ep_size == 1), "the f16 GEMM runs at EP 1 only (rebased rows are local)"

@@ -1,4 +1,4 @@
-"""mok's grouped expert GEMMs (mok.backends.cuda_gemm, csrc/sm90) against fp32 products per segment.
+"""mok's grouped expert GEMMs (mok.backends.cuda.grouped_gemm) against fp32 products per segment.
 
 One GPU, no process group. Segments follow the schedule's layout (rows per expert, read on the
 device), including empty experts, a single huge expert and sizes that are not tile multiples;
@@ -17,7 +17,7 @@ from gpu_helpers import (
     skip_without_grouped_gemms,
 )
 
-from mok.backends import cuda_gemm
+from mok.backends.cuda import grouped_gemm
 
 pytestmark = [pytest.mark.gpu, requires_gpu_module()]
 
@@ -76,8 +76,8 @@ def test_linear_two_sets_match_segment_products(case, seed):
     a = _randn(gen, total, k)
     w1, w2 = _randn(gen, len(case[0]), n, k), _randn(gen, len(case[0]), n, k)
     outs = [_poisoned((total, n), torch.bfloat16) for _ in range(2)]
-    cuda_gemm._launch(
-        cuda_gemm.Kind.LINEAR, [(a, w1, outs[0]), (a, w2, outs[1])], counts, n, k,
+    grouped_gemm._launch(
+        grouped_gemm.Kind.M_GROUPED_BF16_NT, [(a, w1, outs[0]), (a, w2, outs[1])], counts, n, k,
         total,
     )  # fmt: skip
     for w, out in zip((w1, w2), outs, strict=True):
@@ -86,7 +86,7 @@ def test_linear_two_sets_match_segment_products(case, seed):
             ref[start : start + r] = a[start : start + r].float() @ w[e].float().T
         _close(out, ref)
         assert (out[sum(case[0]) :] == 0).all(), "rows past the segments must be zeroed"
-    alone = cuda_gemm.linear(a, [w2], counts)[0]
+    alone = grouped_gemm.linear(a, [w2], counts)[0]
     assert torch.equal(alone, outs[1]), "a set's result must not depend on the launch's other set"
 
 
@@ -96,8 +96,8 @@ def test_linear_transposed_and_sum(case, seed):
     experts = len(case[0])
     a1, a2 = _randn(gen, total, k), _randn(gen, total, k)
     w1, w2 = _randn(gen, experts, k, n), _randn(gen, experts, k, n)
-    single = cuda_gemm.linear_transposed(a1, w1, counts)
-    summed = cuda_gemm.linear_sum([(a1, w1), (a2, w2)], counts)
+    single = grouped_gemm.linear_transposed(a1, w1, counts)
+    summed = grouped_gemm.linear_sum([(a1, w1), (a2, w2)], counts)
     ref1 = torch.zeros(total, n, device="cuda")
     ref2 = torch.zeros(total, n, device="cuda")
     for e, (start, r) in enumerate(_segments(case[0])):
@@ -115,8 +115,8 @@ def test_weight_grads_and_empty_experts(case, seed):
     experts = len(case[0])
     d1, d2, a = _randn(gen, total, n), _randn(gen, total, n), _randn(gen, total, k)
     outs = [_poisoned((experts, n, k), torch.bfloat16) for _ in range(2)]
-    cuda_gemm._launch(
-        cuda_gemm.Kind.WEIGHT_GRAD, [(d1, a, outs[0]), (d2, a, outs[1])], counts, k, n
+    grouped_gemm._launch(
+        grouped_gemm.Kind.K_GROUPED_BF16_TN, [(d1, a, outs[0]), (d2, a, outs[1])], counts, k, n
     )
     for d_out, out in zip((d1, d2), outs, strict=True):
         for e, (start, r) in enumerate(_segments(case[0])):
@@ -166,19 +166,19 @@ def test_padding_rows_get_no_tiles(case, seed):
     w, w2, w_t = _randn(gen, experts, n, k), _randn(gen, experts, n, k), _randn(gen, experts, k, n)
     d_out = _randn(gen, total, n) * keep
     full = {
-        "linear": cuda_gemm.linear(a, [w], counts)[0],
-        "linear2": cuda_gemm.linear(a, [w2], counts)[0],
-        "sum": cuda_gemm.linear_sum([(a, w_t), (a, w_t)], counts),
-        "wgrad": cuda_gemm.weight_grads([(d_out, a)], counts)[0],
+        "linear": grouped_gemm.linear(a, [w], counts)[0],
+        "linear2": grouped_gemm.linear(a, [w2], counts)[0],
+        "sum": grouped_gemm.linear_sum([(a, w_t), (a, w_t)], counts),
+        "wgrad": grouped_gemm.weight_grads([(d_out, a)], counts)[0],
     }
     a_nan, d_nan = _poison_rows(a, skipped), _poison_rows(d_out, skipped)
     poison_next_allocation((total, n), torch.bfloat16, count=3)
-    linear, linear2 = cuda_gemm.linear(a_nan, [w, w2], counts, source)
+    linear, linear2 = grouped_gemm.linear(a_nan, [w, w2], counts, source)
     skip = {
         "linear": linear,
         "linear2": linear2,
-        "sum": cuda_gemm.linear_sum([(a_nan, w_t), (a_nan, w_t)], counts, source),
-        "wgrad": cuda_gemm.weight_grads([(d_nan, a_nan)], counts, source)[0],
+        "sum": grouped_gemm.linear_sum([(a_nan, w_t), (a_nan, w_t)], counts, source),
+        "wgrad": grouped_gemm.weight_grads([(d_nan, a_nan)], counts, source)[0],
     }
     for name, got in skip.items():
         assert torch.equal(got, full[name]), f"{name}: padding rows changed the result"
@@ -197,7 +197,9 @@ def test_two_sets_zero_each_experts_own_padding(seed):
     a = _randn(gen, source.shape[0], k) * (source >= 0)[:, None]
     w, w2 = _randn(gen, 3, n, k), _randn(gen, 3, n, k)
     poison_next_allocation((source.shape[0], n), torch.bfloat16, count=2)
-    for name, got in zip(("gate", "up"), cuda_gemm.linear(a, [w, w2], counts, source), strict=True):
+    for name, got in zip(
+        ("gate", "up"), grouped_gemm.linear(a, [w, w2], counts, source), strict=True
+    ):
         assert (got[source < 0] == 0).all(), f"{name}: a padding row is not zero"
 
 
@@ -209,9 +211,9 @@ def test_repeated_launches_are_bitwise_identical(seed):
 
     def launches():
         return (
-            cuda_gemm.linear(a, [w], counts)[0],
-            cuda_gemm.weight_grads([(d_out, a)], counts)[0],
-            cuda_gemm.linear_sum(terms, counts),
+            grouped_gemm.linear(a, [w], counts)[0],
+            grouped_gemm.weight_grads([(d_out, a)], counts)[0],
+            grouped_gemm.linear_sum(terms, counts),
         )
 
     first = launches()
@@ -224,16 +226,18 @@ def test_bad_arguments_raise_before_any_launch():
     a = torch.zeros(256, 100, dtype=torch.bfloat16, device="cuda")  # K = 100: not a multiple of 8
     w = torch.zeros(1, 128, 100, dtype=torch.bfloat16, device="cuda")
     with pytest.raises(ValueError, match="`k` must be a positive multiple of 8"):
-        cuda_gemm.linear(a, [w], counts)
+        grouped_gemm.linear(a, [w], counts)
     a = torch.zeros(256, 128, dtype=torch.bfloat16, device="cuda")
     out = torch.zeros(256, 128, dtype=torch.bfloat16, device="cuda")
-    pair = cuda_gemm.Kind.LINEAR_PAIR
-    with pytest.raises(ValueError, match="kinds 2 and 8 need their second pair"):
-        cuda_gemm._launch(pair, [(a, w, out)], counts, 128, 128)
+    pair = grouped_gemm.Kind.M_GROUPED_BF16_NN_PAIR
+    with pytest.raises(ValueError, match="M_GROUPED_BF16_NN_PAIR and 8 need their second pair"):
+        grouped_gemm._launch(pair, [(a, w, out)], counts, 128, 128)
     with pytest.raises(ValueError, match="`d2` must be 0"):
-        cuda_gemm._launch(pair, [(a, w, out), (a, w, out)], counts, 128, 128)
+        grouped_gemm._launch(pair, [(a, w, out), (a, w, out)], counts, 128, 128)
     a_96 = torch.zeros(256, 96, dtype=torch.bfloat16, device="cuda")
-    with pytest.raises(ValueError, match="`k` must be a multiple of 64 for kinds 2 and 8"):
-        cuda_gemm._launch(pair, [(a_96, w, out), (a_96, w, None)], counts, 128, 96)
+    with pytest.raises(
+        ValueError, match="`k` must be a multiple of 64 for M_GROUPED_BF16_NN_PAIR and 8"
+    ):
+        grouped_gemm._launch(pair, [(a_96, w, out), (a_96, w, None)], counts, 128, 96)
     with pytest.raises(ValueError, match="`kind` must be in"):
-        cuda_gemm._launch(10, [(a, w, out)], counts, 128, 128)
+        grouped_gemm._launch(10, [(a, w, out)], counts, 128, 128)

@@ -1,5 +1,7 @@
-"""The MXFP8 GEMM on f16 operands rebased per row (cuda_rebased.linear_mx_f16, kind 6) against
-kind 4 (bf16 operands) on the same MXFP8-rounded rows and weights, and the rebasing helpers.
+"""The MXFP8 GEMM on f16 operands rebased per row (rebased_rows.linear_mx_f16,
+M_GROUPED_MXFP8_NT_F16_ROWS) against
+M_GROUPED_MXFP8_NT (bf16 operands) on the same MXFP8-rounded rows and weights, and the rebasing
+helpers.
 
 One GPU. Weights are quantized by mok's kernel from fresh random bf16 (seed printed; replay with
 MOK_TEST_SEED); activations are MXFP8-rounded like the forward's; outputs poisoned with NaN.
@@ -11,7 +13,7 @@ import pytest
 import torch
 from gpu_helpers import case_generator, module_seed, requires_gpu_module, spread_mxfp8_weight
 
-from mok.backends import cuda, cuda_gemm, cuda_rebased
+from mok.backends.cuda import grouped_gemm, mxfp8, rebased_rows
 
 pytestmark = [pytest.mark.gpu, requires_gpu_module(), pytest.mark.usefixtures("grouped_gemms")]
 
@@ -27,7 +29,7 @@ seed = module_seed("f16 MXFP8 GEMM")
 
 
 def _weight(gen, experts, n, k, spread: int):
-    return cuda_gemm.MxWeight(*spread_mxfp8_weight(gen, experts, n, k, spread))
+    return grouped_gemm.MxWeight(*spread_mxfp8_weight(gen, experts, n, k, spread))
 
 
 def _rounded_rows(gen, total, k, spread: int):
@@ -35,12 +37,12 @@ def _rounded_rows(gen, total, k, spread: int):
     padded = -(-total // 128) * 128  # mxfp8_round takes whole 128-row tiles
     x = torch.randn((padded, k), generator=gen, device="cuda")
     x = x * 2.0 ** torch.randint(-spread, spread + 1, (padded, 1), generator=gen, device="cuda")
-    return cuda.mxfp8_round(x.bfloat16())[0][:total].contiguous()
+    return mxfp8.mxfp8_round(x.bfloat16())[0][:total].contiguous()
 
 
 def test_rebase_rows_is_exact_on_rounded_rows(seed):
     x = _rounded_rows(case_generator("rebase", seed), 512, 1024, spread=40)
-    values, exponents = cuda_rebased.rebase_rows(x)
+    values, exponents = rebased_rows.rebase_rows(x)
     assert values.dtype == torch.float16 and exponents.dtype == torch.uint8
     back = values.float() * torch.exp2(exponents.float() - 127)[:, None]
     assert torch.equal(back, x.float())
@@ -55,7 +57,7 @@ def test_row_exponents_follow_each_rows_largest(seed):
     x = torch.randn((300, 136), generator=gen, device="cuda")
     x = (x * 2.0 ** torch.randint(-130, 120, (300, 1), generator=gen, device="cuda")).bfloat16()
     x[3], x[7, 5] = 0.0, float("nan")
-    got = cuda_rebased.row_exponents(x)
+    got = rebased_rows.row_exponents(x)
     _, exponent = torch.frexp(x.float().abs().amax(dim=1))  # [2^(k-1), 2^k): k
     want = torch.where(x.isnan().any(dim=1), 241, (exponent - 1 + 113).clamp(0, 254))
     want[3] = 0
@@ -81,7 +83,7 @@ def test_rebase_weight_matches_the_scale_bytes(spread, seed):
     weight = _weight(case_generator(("rebase-weight", spread), seed), 2, 256, 512, spread=spread)
     weight.scales[1, 2, 5, 9] = 255  # a NaN scale byte
     weight.scales[0, 1, 3, 2] = 0  # 2^-127: far more than 24 binades under its row's largest
-    got = cuda_rebased.rebase_weight(weight)
+    got = rebased_rows.rebase_weight(weight)
     want_rows, want_factors = _reference_rebase(weight.scales)
     assert got.data.data_ptr() == weight.data.data_ptr(), "the E4M3 bytes are read as stored"
     assert torch.equal(got.row_exponents.int(), want_rows)
@@ -92,7 +94,8 @@ def test_rebase_weight_matches_the_scale_bytes(spread, seed):
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 @pytest.mark.parametrize("spread", [4, 60])
 def test_matches_kind4_bit_for_bit(case, spread, seed):
-    """The f16 products are kind 4's bf16 products times a power of two per row, so the fp32
+    """The f16 products are M_GROUPED_MXFP8_NT's bf16 products times a power of two per row, so the
+    fp32
     sums and the bf16 outputs are the same bits (weight rows spanning 2^+-spread, activation
     rows 2^+-10: the products stay normal fp32 values in both kinds)."""
     rows, k, n = case
@@ -101,9 +104,9 @@ def test_matches_kind4_bit_for_bit(case, spread, seed):
     x = _rounded_rows(gen, total, k, spread=10)
     w1, w2 = (_weight(gen, experts, n, k, spread) for _ in range(2))
     counts = torch.tensor(rows, dtype=torch.int32, device="cuda")
-    want = cuda_gemm.linear_mx(x, [w1, w2], counts)
-    rebased = [cuda_rebased.rebase_weight(w) for w in (w1, w2)]
-    got = cuda_rebased.linear_mx_f16(cuda_rebased.rebase_rows(x), rebased, counts)
+    want = grouped_gemm.linear_mx(x, [w1, w2], counts)
+    rebased = [rebased_rows.rebase_weight(w) for w in (w1, w2)]
+    got = rebased_rows.linear_mx_f16(rebased_rows.rebase_rows(x), rebased, counts)
     for g, w in zip(got, want, strict=True):
         assert g.dtype == torch.bfloat16
         assert torch.equal(g, w)
@@ -118,12 +121,12 @@ def test_nan_weights_and_repeats(seed):
     x = _rounded_rows(gen, 512, 256, spread=4)
     weight = _weight(gen, 2, 128, 256, spread=4)
     weight.data.view(torch.uint8)[1, 5, 3] = 0x7F
-    a, weight = cuda_rebased.rebase_rows(x), cuda_rebased.rebase_weight(weight)
-    first = cuda_rebased.linear_mx_f16(a, [weight], counts)[0]
+    a, weight = rebased_rows.rebase_rows(x), rebased_rows.rebase_weight(weight)
+    first = rebased_rows.linear_mx_f16(a, [weight], counts)[0]
     assert first[256:, 5].isnan().all() and not first[:256].isnan().any()
     assert not first[256:, :5].isnan().any()
     for _ in range(5):
-        again = cuda_rebased.linear_mx_f16(a, [weight], counts)[0]
+        again = rebased_rows.linear_mx_f16(a, [weight], counts)[0]
         assert torch.equal(again.view(torch.int16), first.view(torch.int16))
 
 
@@ -131,27 +134,29 @@ def test_bad_arguments_raise_before_any_launch():
     counts = torch.tensor([256], dtype=torch.int32, device="cuda")
     data = torch.zeros(1, 128, 128, device="cuda").to(torch.float8_e4m3fn)
     scales = torch.zeros(1, 1, 32, 16, dtype=torch.uint8, device="cuda")
-    bf16_rows = cuda_rebased.RebasedRows(
+    bf16_rows = rebased_rows.RebasedRows(
         torch.zeros(256, 128, dtype=torch.bfloat16, device="cuda"),
         torch.zeros(256, dtype=torch.uint8, device="cuda"),
     )
-    weight = cuda_rebased.rebase_weight((data, scales))
+    weight = rebased_rows.rebase_weight((data, scales))
     with pytest.raises(TypeError, match="a.values"):
-        cuda_rebased.linear_mx_f16(bf16_rows, [weight], counts)
-    short = cuda_rebased.RebasedRows(bf16_rows.values.half(), bf16_rows.exponents[:100])
+        rebased_rows.linear_mx_f16(bf16_rows, [weight], counts)
+    short = rebased_rows.RebasedRows(bf16_rows.values.half(), bf16_rows.exponents[:100])
     with pytest.raises(ValueError, match="a.exponents"):
-        cuda_rebased.linear_mx_f16(short, [weight], counts)
-    f16_rows = cuda_rebased.RebasedRows(bf16_rows.values.half(), bf16_rows.exponents)
+        rebased_rows.linear_mx_f16(short, [weight], counts)
+    f16_rows = rebased_rows.RebasedRows(bf16_rows.values.half(), bf16_rows.exponents)
     with pytest.raises(TypeError, match="must be a RebasedWeight"):
-        cuda_rebased.linear_mx_f16(f16_rows, [(data, scales)], counts)
+        rebased_rows.linear_mx_f16(f16_rows, [(data, scales)], counts)
     with pytest.raises(ValueError, match="weight.scales"):
-        cuda_rebased.rebase_weight((data, scales[:, :, :16]))
+        rebased_rows.rebase_weight((data, scales[:, :, :16]))
     out = torch.zeros(256, 128, dtype=torch.bfloat16, device="cuda")
     a = bf16_rows.values.half()
     with pytest.raises(ValueError, match="`a_exponent` must be"):
-        cuda_gemm._launch(cuda_gemm.Kind.LINEAR_MX_F16, [(a, data, out)], counts, 128, 128,
+        grouped_gemm._launch(grouped_gemm.Kind.M_GROUPED_MXFP8_NT_F16_ROWS, [(a, data, out)],
+        counts, 128, 128,
                           b_scales=[scales])  # fmt: skip
-    with pytest.raises(ValueError, match="are for kind 6 only"):
+    with pytest.raises(ValueError, match="are for M_GROUPED_MXFP8_NT_F16_ROWS only"):
         exponents = (bf16_rows.exponents, [bf16_rows.exponents])
-        cuda_gemm._launch(cuda_gemm.Kind.LINEAR_MX, [(a, data, out)], counts, 128, 128,
+        grouped_gemm._launch(grouped_gemm.Kind.M_GROUPED_MXFP8_NT, [(a, data, out)], counts, 128,
+        128,
                           b_scales=[scales], exponents=exponents)  # fmt: skip

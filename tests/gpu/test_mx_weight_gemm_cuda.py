@@ -1,5 +1,7 @@
-"""The grouped GEMM that reads MXFP8 weights as stored (cuda_gemm.linear_mx, kind 4) against the
-bf16 GEMM (kind 0) on the same weights' mxfp8_dequantize values and against fp32 products.
+"""The grouped GEMM that reads MXFP8 weights as stored (grouped_gemm.linear_mx, M_GROUPED_MXFP8_NT)
+against the
+bf16 GEMM (M_GROUPED_BF16_NT) on the same weights' mxfp8_dequantize values and against fp32
+products.
 
 One GPU. Weights are quantized by mok's kernel from fresh random bf16 (seed printed; replay with
 MOK_TEST_SEED), with rows spanning many scale exponents so that every scale path is exercised;
@@ -19,7 +21,7 @@ from gpu_helpers import (
     spread_mxfp8_weight,
 )
 
-from mok.backends import cuda, cuda_gemm
+from mok.backends.cuda import grouped_gemm, mxfp8
 
 pytestmark = [pytest.mark.gpu, requires_gpu_module(), pytest.mark.usefixtures("grouped_gemms")]
 
@@ -41,7 +43,7 @@ seed = module_seed("MXFP8-weight GEMM")
 def _weight(gen, experts, n, k, spread: int):
     """(MxWeight, bf16 dequantized values) of gpu_helpers.spread_mxfp8_weight's weight."""
     data, scales = spread_mxfp8_weight(gen, experts, n, k, spread)
-    return cuda_gemm.MxWeight(data, scales), cuda.mxfp8_dequantize(data, scales)
+    return grouped_gemm.MxWeight(data, scales), mxfp8.mxfp8_dequantize(data, scales)
 
 
 def _close(got, ref):
@@ -60,8 +62,8 @@ def test_matches_bf16_gemm_on_dequantized_weights(case, seed):
     (w1, v1), (w2, v2) = (_weight(gen, experts, n, k, spread=4) for _ in range(2))
     counts = torch.tensor(rows, dtype=torch.int32, device="cuda")
     poison_next_allocation((total, n), torch.bfloat16, count=2)
-    got = cuda_gemm.linear_mx(a, [w1, w2], counts)
-    want = cuda_gemm.linear(a, [v1, v2], counts)
+    got = grouped_gemm.linear_mx(a, [w1, w2], counts)
+    want = grouped_gemm.linear(a, [v1, v2], counts)
     starts = [sum(rows[:e]) for e in range(experts)]
     for out, bf16_out, values in zip(got, want, (v1, v2), strict=True):
         ref = torch.zeros(total, n, device="cuda")
@@ -83,8 +85,8 @@ def test_selecting_rows_returns_the_dequantized_weight_bit_for_bit(spread, seed)
     weight, values = _weight(gen, 2, n, k, spread)
     a = torch.eye(k, device="cuda").bfloat16().repeat(2, 1)  # expert e's rows select column r
     counts = torch.tensor([k, k], dtype=torch.int32, device="cuda")
-    got = cuda_gemm.linear_mx(a, [weight], counts)[0]
-    want = cuda_gemm.linear(a, [values], counts)[0]
+    got = grouped_gemm.linear_mx(a, [weight], counts)[0]
+    want = grouped_gemm.linear(a, [values], counts)[0]
     assert torch.equal(got, want)
     for e in range(2):
         assert torch.equal(got[e * k : (e + 1) * k], values[e].T)
@@ -100,7 +102,7 @@ def test_many_work_tiles_per_cta_return_the_dequantized_weights_bit_for_bit(seed
     (w1, v1), (w2, v2) = (_weight(gen, experts, n, k, spread=60) for _ in range(2))
     a = torch.eye(k, device="cuda").bfloat16().repeat(experts, 1)
     counts = torch.full((experts,), k, dtype=torch.int32, device="cuda")
-    outputs = cuda_gemm.linear_mx(a, [w1, w2], counts)
+    outputs = grouped_gemm.linear_mx(a, [w1, w2], counts)
     for got, values in zip(outputs, (v1, v2), strict=True):
         for e in range(experts):
             assert torch.equal(got[e * k : (e + 1) * k], values[e].T), f"expert {e}"
@@ -121,12 +123,12 @@ def test_nan_weights_and_nan_scales_give_nan_where_dequantize_does(seed):
     scales = weight.scales.clone()
     scales.view(-1)[torch.randperm(scales.numel(), generator=gen, device="cuda")[:8]] = 255
     scales.view(-1)[torch.randperm(scales.numel(), generator=gen, device="cuda")[:8]] = 0
-    pair = cuda_gemm.MxWeight(data.view(torch.float8_e4m3fn), scales)
-    values = cuda.mxfp8_dequantize(*pair)
+    pair = grouped_gemm.MxWeight(data.view(torch.float8_e4m3fn), scales)
+    values = mxfp8.mxfp8_dequantize(*pair)
     a = torch.eye(k, device="cuda").bfloat16()
     counts = torch.tensor([k], dtype=torch.int32, device="cuda")
-    got = cuda_gemm.linear_mx(a, [pair], counts)[0]
-    want = cuda_gemm.linear(a, [values], counts)[0]
+    got = grouped_gemm.linear_mx(a, [pair], counts)[0]
+    want = grouped_gemm.linear(a, [values], counts)[0]
     nan_rows = values[0].isnan().any(dim=1)
     assert 0 < int(nan_rows.sum()) < n
     assert torch.equal(got.isnan(), nan_rows[None, :].expand(k, n))
@@ -148,9 +150,9 @@ def test_padding_rows_and_repeats(seed):
     clean = torch.where(source[:, None] < 0, 0.0, a.float()).bfloat16()
     poisoned = torch.where(source[:, None] < 0, float("nan"), a.float()).bfloat16()
     weight, _ = _weight(gen, len(rows), n, k, spread=4)
-    want = cuda_gemm.linear_mx(clean, [weight], counts)[0]
+    want = grouped_gemm.linear_mx(clean, [weight], counts)[0]
     for _ in range(5):
-        got = cuda_gemm.linear_mx(poisoned, [weight], counts, source)[0]
+        got = grouped_gemm.linear_mx(poisoned, [weight], counts, source)[0]
         assert torch.equal(got, want)
     assert (want[256:512] == 0).all()
 
@@ -161,8 +163,9 @@ def test_partly_used_last_tiles_give_the_whole_tiles_bits(used, kind, seed):
     """A segment whose routed rows end inside a tile, NaN in its padding rows (fewer than 256,
     as the schedule pads): the GEMM's tiles stop at the last routed row (TMA's zero fill past
     it, nothing stored there), so the padding rows must be zero and the routed rows must have
-    the bits of the same segment computed whole with zero rows there (kind 4: bf16 D, kind 7:
-    fp32 D, kind 0: the bf16 GEMM on the dequantized weight)."""
+    the bits of the same segment computed whole with zero rows there (M_GROUPED_MXFP8_NT: bf16 D,
+    M_GROUPED_MXFP8_NT_F32:
+    fp32 D, M_GROUPED_BF16_NT: the bf16 GEMM on the dequantized weight)."""
     rows, k, n = [-(-used // 256) * 256, 256], 512, 384
     gen = case_generator(("partly used", used, kind), seed)
     total = sum(rows)
@@ -176,9 +179,9 @@ def test_partly_used_last_tiles_give_the_whole_tiles_bits(used, kind, seed):
 
     def linear(x, row_source=None):
         if kind == "kind0":
-            return cuda_gemm.linear(x, [values], counts, row_source)[0]
+            return grouped_gemm.linear(x, [values], counts, row_source)[0]
         dtype = torch.float32 if kind == "kind7" else torch.bfloat16
-        return cuda_gemm.linear_mx(x, [weight], counts, row_source, out_dtype=dtype)[0]
+        return grouped_gemm.linear_mx(x, [weight], counts, row_source, out_dtype=dtype)[0]
 
     want = linear(clean)
     got = linear(poisoned, source)
@@ -192,13 +195,19 @@ def test_bad_arguments_raise_before_any_launch():
     data = torch.zeros(1, 128, 192, device="cuda").to(torch.float8_e4m3fn)
     scales = torch.zeros(1, 1, 32, 16, dtype=torch.uint8, device="cuda")
     with pytest.raises(ValueError, match="N and K multiples of 128, got N=128, K=192"):
-        cuda_gemm.linear_mx(a, [(data, scales)], counts)
+        grouped_gemm.linear_mx(a, [(data, scales)], counts)
     out = torch.zeros(256, 128, dtype=torch.bfloat16, device="cuda")
-    with pytest.raises(ValueError, match="kinds 4 and 6-9 need `n` and `k` multiples of 128"):
-        cuda_gemm._launch(cuda_gemm.Kind.LINEAR_MX, [(a, data, out)], counts, 128, 192,
+    with pytest.raises(
+        ValueError, match="M_GROUPED_MXFP8_NT and 6-9 need `n` and `k` multiples of 128"
+    ):
+        grouped_gemm._launch(grouped_gemm.Kind.M_GROUPED_MXFP8_NT, [(a, data, out)], counts, 128,
+        192,
                           b_scales=[scales])  # fmt: skip
     with pytest.raises(ValueError, match="`b_scale` must be"):
-        cuda_gemm._launch(cuda_gemm.Kind.LINEAR_MX, [(a, data, out)], counts, 128, 128)
-    with pytest.raises(ValueError, match="must be 0 except for kinds 4 and 6-9"):
-        cuda_gemm._launch(cuda_gemm.Kind.LINEAR, [(a, data, out)], counts, 128, 128,
+        grouped_gemm._launch(
+            grouped_gemm.Kind.M_GROUPED_MXFP8_NT, [(a, data, out)], counts, 128, 128
+        )
+    with pytest.raises(ValueError, match="must be 0 except for M_GROUPED_MXFP8_NT and 6-9"):
+        grouped_gemm._launch(grouped_gemm.Kind.M_GROUPED_BF16_NT, [(a, data, out)], counts, 128,
+        128,
                           b_scales=[scales])  # fmt: skip

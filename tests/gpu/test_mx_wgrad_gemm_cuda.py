@@ -1,9 +1,10 @@
-"""The MXFP8 backward's weight gradients on an activation read as stored (grouped GEMM kind 9,
+"""The MXFP8 backward's weight gradients on an activation read as stored (grouped GEMM
+K_GROUPED_MXFP8_TN,
 cuda_weight_grads_mx.weight_grads_mx): d_out[seg]^T @ x[seg] per expert with x given as its
 transposed MXFP8 pair (blocks of 32 rows), against fp32 products of the pair's
 mxfp8_dequantize values and against the bf16 weight-gradient kind (3) on those values.
 
-One GPU. x is rounded by mok's kernel (cuda.mxfp8_round, the forward's pull-and-round) from
+One GPU. x is rounded by mok's kernel (mxfp8.mxfp8_round, the forward's pull-and-round) from
 fresh random bf16 whose rows span many scale exponents (seed printed; replay with
 MOK_TEST_SEED). Outputs are checked whole, their memory NaN before each launch
 (gpu_helpers.poison_next_allocation), so empty experts must have been written zero.
@@ -21,8 +22,8 @@ from gpu_helpers import (
     segment_sizes,
 )
 
-from mok.backends import cuda, cuda_gemm
-from mok.backends.cuda_weight_grads_mx import MxRowsT, weight_grads_mx
+from mok.backends.cuda import grouped_gemm, mxfp8
+from mok.backends.cuda.weight_grads_mx import MxRowsT, weight_grads_mx
 
 pytestmark = [pytest.mark.gpu, requires_gpu_module(), pytest.mark.usefixtures("grouped_gemms")]
 
@@ -48,8 +49,8 @@ def _rows_pair(gen, total: int, k: int, spread: int = 8):
     2^-spread .. 2^spread, rounded as the forward rounds the routed rows."""
     x = torch.randn((total, k), generator=gen, device="cuda")
     exponents = torch.randint(-spread, spread + 1, (total, 1), generator=gen, device="cuda")
-    _, (data_t, scales_t) = cuda.mxfp8_round((x * 2.0**exponents).bfloat16(), transposed=True)
-    values = cuda.mxfp8_dequantize(data_t, scales_t).T.contiguous()
+    _, (data_t, scales_t) = mxfp8.mxfp8_round((x * 2.0**exponents).bfloat16(), transposed=True)
+    values = mxfp8.mxfp8_dequantize(data_t, scales_t).T.contiguous()
     return MxRowsT(data_t, scales_t), values
 
 
@@ -71,7 +72,7 @@ def test_matches_fp32_products_and_the_bf16_kind_on_the_values(case, seed):
     d_gate, d_up = (torch.randn((total, n), generator=gen, device="cuda").bfloat16() for _ in "gu")
     poison_next_allocation((len(rows), n, k), torch.bfloat16, count=2)
     got = weight_grads_mx([(d_gate, pair), (d_up, pair)], segment_sizes(rows))
-    before = cuda_gemm.weight_grads([(d_gate, values), (d_up, values)], segment_sizes(rows))
+    before = grouped_gemm.weight_grads([(d_gate, values), (d_up, values)], segment_sizes(rows))
     for d_out, mine, bf16_kind in zip((d_gate, d_up), got, before, strict=True):
         assert mine.dtype == torch.bfloat16 and mine.shape == (len(rows), n, k)
         ref = _segments_product(d_out, values, rows)
@@ -111,7 +112,7 @@ def test_padding_rows_repeats_and_misaligned_segments(seed):
     source[sum(rows) :] = -1
     padding = source[:, None] < 0
     x = torch.where(padding, 0.0, torch.randn((total, k), generator=gen, device="cuda"))
-    _, (data_t, scales_t) = cuda.mxfp8_round(x.bfloat16(), transposed=True)
+    _, (data_t, scales_t) = mxfp8.mxfp8_round(x.bfloat16(), transposed=True)
     pair = MxRowsT(data_t, scales_t)
     d_out = torch.randn((total, n), generator=gen, device="cuda")
     clean = torch.where(padding, 0.0, d_out).bfloat16()
@@ -144,6 +145,6 @@ def test_bad_arguments_raise_before_any_launch():
     with pytest.raises(ValueError, match="must hold 1 or 2 operand sets"):
         weight_grads_mx([(d_out, pair)] * 3, counts)
     out = torch.zeros(1, 128, 128, dtype=torch.bfloat16, device="cuda")
-    kind = cuda_gemm.Kind.WEIGHT_GRAD_MX
-    with pytest.raises(ValueError, match="kind 9 needs `total_rows`"):
-        cuda_gemm._launch(kind, [(d_out, data, out)], counts, 128, 128, 200, b_scales=[scales])
+    kind = grouped_gemm.Kind.K_GROUPED_MXFP8_TN
+    with pytest.raises(ValueError, match="K_GROUPED_MXFP8_TN needs `total_rows`"):
+        grouped_gemm._launch(kind, [(d_out, data, out)], counts, 128, 128, 200, b_scales=[scales])

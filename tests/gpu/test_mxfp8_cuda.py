@@ -13,8 +13,9 @@ import pytest
 import torch
 from gpu_helpers import device_copy_gb_per_s, median_ms, module_seed, requires_gpu_module
 
-from mok import _extension, mxfp8
-from mok.backends import cuda as cuda_backend
+from mok import mxfp8
+from mok.backends.cuda import extension as _extension
+from mok.backends.cuda import mxfp8 as cuda_backend
 
 pytestmark = pytest.mark.gpu
 

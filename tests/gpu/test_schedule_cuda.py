@@ -17,8 +17,10 @@ import pytest
 import torch
 from gpu_helpers import gpu_skip_reason, median_ms, module_seed, requires_gpu_module
 
-from mok import _extension, status
-from mok.backends import cuda_schedule, reference
+from mok import status
+from mok.backends.cuda import extension as _extension
+from mok.backends.cuda import schedule as cuda_schedule
+from mok.backends.reference import schedule as reference_schedule
 
 pytestmark = pytest.mark.gpu
 
@@ -85,7 +87,7 @@ def _compare(topk_all, experts, capacity, rank, *, word_before: int = 0) -> int:
     got_word = torch.full((1,), word_before, dtype=torch.int32, device="cuda")
     want_word = got_word.clone()
     got = _kernel(topk_all, experts, capacity, rank, got_word)
-    want = reference.schedule(topk_all, experts, capacity, rank, want_word)
+    want = reference_schedule.schedule(topk_all, experts, capacity, rank, want_word)
     what = f"EP={topk_all.shape[0]} T={topk_all.shape[1]} k={topk_all.shape[2]} E={experts} "
     what += f"C={capacity} rank={rank}"
     for name, g, w in zip(
@@ -176,7 +178,9 @@ def test_overflow_is_reported_and_matches(fraction, seed):
     hot = torch.rand(topk_all.shape, generator=gen, device="cuda") < 0.5
     topk_all = torch.where(hot, rank * experts + 7, topk_all)  # rank 3 gets most routes
     word = torch.zeros(1, dtype=torch.int32, device="cuda")
-    needed = int(reference.schedule(topk_all, experts, _ample(topk_all, experts), rank, word)[2])
+    needed = int(
+        reference_schedule.schedule(topk_all, experts, _ample(topk_all, experts), rank, word)[2]
+    )
     capacity = max(256, int(needed * fraction) // 256 * 256)
     assert _compare(topk_all, experts, capacity, rank) == status.CAPACITY_OVERFLOW
     # Bits already in the word stay (the kernel only ORs).
@@ -223,7 +227,9 @@ def test_runs_on_the_current_stream(seed):
         got = cuda_schedule.schedule(topk_all, experts, _ample(topk_all, experts), rank, word)
     torch.cuda.current_stream().wait_stream(side)
     want_word = torch.zeros(1, dtype=torch.int32, device="cuda")
-    want = reference.schedule(topk_all, experts, _ample(topk_all, experts), rank, want_word)
+    want = reference_schedule.schedule(
+        topk_all, experts, _ample(topk_all, experts), rank, want_word
+    )
     assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
 
 
@@ -250,7 +256,7 @@ def test_cuda_graph_replays_with_new_routing(seed):
         static_topk.copy_(routing)
         graph.replay()
         want_word = torch.zeros(1, dtype=torch.int32, device="cuda")
-        want = reference.schedule(routing, experts, capacity, rank, want_word)
+        want = reference_schedule.schedule(routing, experts, capacity, rank, want_word)
         assert all(torch.equal(g, w) for g, w in zip(outs, want, strict=True)), replay
         assert int(word) == int(want_word) == (status.CAPACITY_OVERFLOW if replay == 2 else 0)
 
@@ -289,7 +295,7 @@ def test_routing_matches_the_reference(shape, seed):
         got_word = torch.full((1,), word_before, dtype=torch.int32, device="cuda")
         want_word = got_word.clone()
         got = cuda_schedule.routing(ids.T.contiguous().T, experts, got_word)  # strided view
-        want = reference.routing(ids, experts, want_word)
+        want = reference_schedule.routing(ids, experts, want_word)
         assert got.dtype == torch.int32 and got.shape == ids.shape
         assert torch.equal(got, want)
         assert int(got_word) == int(want_word)
@@ -326,7 +332,7 @@ def test_timing(seed, capsys):
         cuda_schedule.schedule(topk_all, experts, capacity, rank, word)
     graph_us = _median_us(graph.replay)
     reference_us = _median_us(
-        lambda: reference.schedule(topk_all, experts, capacity, rank, word), iterations=10
+        lambda: reference_schedule.schedule(topk_all, experts, capacity, rank, word), iterations=10
     )
     with capsys.disabled():
         print(

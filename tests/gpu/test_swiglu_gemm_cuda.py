@@ -1,5 +1,7 @@
-"""The forward's gate/up GEMM with SwiGLU in its epilogue (cuda_gemm.linear_swiglu, kind 5)
-against the two steps it replaces: the bf16 GEMM (kind 0) over gate and up, then mok's SwiGLU
+"""The forward's gate/up GEMM with SwiGLU in its epilogue (grouped_gemm.linear_swiglu,
+M_GROUPED_BF16_NT_SWIGLU)
+against the two steps it replaces: the bf16 GEMM (M_GROUPED_BF16_NT) over gate and up, then mok's
+SwiGLU
 kernel on their bf16 values. The fused kernel must give their bits, clamp or not.
 
 One GPU. Fresh random data every run (seed printed; replay with MOK_TEST_SEED); every output
@@ -12,7 +14,7 @@ import pytest
 import torch
 from gpu_helpers import module_seed, requires_gpu_module, skip_without_grouped_gemms
 
-from mok.backends import cuda_experts, cuda_gemm
+from mok.backends.cuda import elementwise, grouped_gemm
 
 pytestmark = [pytest.mark.gpu, requires_gpu_module()]
 
@@ -55,15 +57,16 @@ def _fused(a, gate_w, up_w, counts, limit, row_source=None, zero_rest=True):
             for _ in range(3)]  # fmt: skip
     sets = [(a, gate_w, outs[0]), (a, up_w, outs[1])]
     total_rows = a.shape[0] if zero_rest else 0
-    cuda_gemm._launch(cuda_gemm.Kind.LINEAR_SWIGLU, sets, counts, n, a.shape[1], total_rows,
+    grouped_gemm._launch(grouped_gemm.Kind.M_GROUPED_BF16_NT_SWIGLU, sets, counts, n, a.shape[1],
+    total_rows,
                       row_source, hidden=outs[2], limit=limit)  # fmt: skip
     return outs
 
 
 def _unfused(a, gate_w, up_w, counts, limit, row_source=None):
-    gate, up = cuda_gemm.linear(a, [gate_w, up_w], counts, row_source)
+    gate, up = grouped_gemm.linear(a, [gate_w, up_w], counts, row_source)
     used = counts.sum(dtype=torch.int32).reshape(1)
-    return gate, up, cuda_experts.swiglu(gate, up, used, limit)
+    return gate, up, elementwise.swiglu(gate, up, used, limit)
 
 
 @pytest.mark.parametrize("limit", LIMITS)
@@ -105,7 +108,7 @@ def test_padding_rows_are_skipped_and_repeats_are_identical(seed):
 def test_linear_swiglu_entry_point(seed):
     """The public form allocates its outputs and gives the same bits."""
     a, gate_w, up_w, counts = _operands(CASES[1], seed)
-    got = cuda_gemm.linear_swiglu(a, gate_w, up_w, counts, limit=3.0)
+    got = grouped_gemm.linear_swiglu(a, gate_w, up_w, counts, limit=3.0)
     want = _unfused(a, gate_w, up_w, counts, 3.0)
     assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
 
@@ -115,16 +118,20 @@ def test_bad_arguments_raise_before_any_launch():
     a = torch.zeros(256, 128, dtype=torch.bfloat16, device="cuda")
     w = torch.zeros(1, 192, 128, dtype=torch.bfloat16, device="cuda")
     with pytest.raises(ValueError, match="N a multiple of 128, got N=192"):
-        cuda_gemm.linear_swiglu(a, w, w, counts)
+        grouped_gemm.linear_swiglu(a, w, w, counts)
     w = torch.zeros(1, 128, 128, dtype=torch.bfloat16, device="cuda")
     with pytest.raises(ValueError, match="`limit` must be None or finite and >= 0"):
-        cuda_gemm.linear_swiglu(a, w, w, counts, limit=-1.0)
+        grouped_gemm.linear_swiglu(a, w, w, counts, limit=-1.0)
     out = torch.zeros(256, 128, dtype=torch.bfloat16, device="cuda")
-    with pytest.raises(ValueError, match="kind 5 needs the up set"):
-        cuda_gemm._launch(cuda_gemm.Kind.LINEAR_SWIGLU, [(a, w, out)], counts, 128, 128,
+    with pytest.raises(ValueError, match="M_GROUPED_BF16_NT_SWIGLU needs the up set"):
+        grouped_gemm._launch(grouped_gemm.Kind.M_GROUPED_BF16_NT_SWIGLU, [(a, w, out)], counts,
+        128, 128,
                           hidden=out)  # fmt: skip
-    with pytest.raises(ValueError, match="for kind 5 only"):
-        cuda_gemm._launch(cuda_gemm.Kind.LINEAR, [(a, w, out)], counts, 128, 128, hidden=out)
+    with pytest.raises(ValueError, match="for M_GROUPED_BF16_NT_SWIGLU only"):
+        grouped_gemm._launch(
+            grouped_gemm.Kind.M_GROUPED_BF16_NT, [(a, w, out)], counts, 128, 128, hidden=out
+        )
     with pytest.raises(ValueError, match="`hidden` must be"):
-        cuda_gemm._launch(cuda_gemm.Kind.LINEAR_SWIGLU, [(a, w, out), (a, w, out)], counts,
+        grouped_gemm._launch(grouped_gemm.Kind.M_GROUPED_BF16_NT_SWIGLU, [(a, w, out), (a, w,
+        out)], counts,
                           128, 128)  # fmt: skip

@@ -26,7 +26,7 @@ GENCODE = {
     "sm_103a": "arch=compute_103a,code=sm_103a",
 }
 
-# The compute capability each module serves (mok/_extension.py holds the same table at run time).
+# The compute capability each module serves (mok/backends/cuda/extension.py holds the same table at run time).
 COMPUTE_CAPABILITY = {
     "sm_90a": "9.0",
     "sm_100a": "10.0",

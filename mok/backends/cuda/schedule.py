@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from mok import _extension
-from mok._checks import check_multiple, check_range, check_tensor
+from mok._arguments import check_multiple, check_range, check_tensor
+from mok.backends.cuda import extension as _extension
 
 # csrc/schedule.h kMaxLocalExperts: the place kernel keeps one shared int32 counter per local
 # expert and warp in 32 KiB (a CPU test keeps the two equal).

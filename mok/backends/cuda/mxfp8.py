@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from mok import _extension
 from mok import mxfp8 as mxfp8_format
-from mok._checks import check_tensor
+from mok._arguments import check_tensor
+from mok.backends.cuda import extension as _extension
 
 
 def available(device: torch.device | int | str | None = None) -> bool:

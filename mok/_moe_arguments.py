@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from mok._checks import check_range, check_tensor, describe
+from mok._arguments import check_range, check_tensor, describe
 from mok.workspace import MAX_TOPK
 
 BF16, FP8, U8 = torch.bfloat16, torch.float8_e4m3fn, torch.uint8

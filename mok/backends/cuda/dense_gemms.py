@@ -1,5 +1,5 @@
 """The shared expert's engine on CUDA (cuBLAS GEMMs over every token row) and the elementwise
-steps it shares with the routed experts' engine (mok.backends.cuda_routed_gemms.HopperGemms)."""
+steps it shares with the routed experts' engine (mok.backends.cuda.routed_gemms.HopperGemms)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ import contextlib
 
 import torch
 
-from mok.backends import cuda, cuda_experts
-from mok.backends.reference_experts import ExpertEngine
+from mok.backends.cuda import elementwise as cuda_experts
+from mok.backends.cuda import mxfp8
+from mok.experts import ExpertEngine
 
 _F32 = torch.float32
 
@@ -31,7 +32,7 @@ class CudaElementwise:
     @staticmethod
     def mx_swiglu_input(pair) -> tuple[torch.Tensor, torch.Tensor]:
         """The saved MXFP8 pair itself: the SwiGLU backward kernel reads gate and up as stored
-        (their bf16 copies are not made, NOTES v28)."""
+        (no bf16 copies of them are made: docs/mxfp8.md)."""
         return tuple(pair)
 
     def swiglu_backward(self, d_h, rw, gate, up, hidden, limit: float | None, *,
@@ -71,9 +72,8 @@ class DenseGemms(CudaElementwise, ExpertEngine):
 
     def linear_sum(self, terms) -> torch.Tensor:
         """The backward's d_x: the second product adds the first's fp32 result in its epilogue
-        (`addmm`), instead of a separate add pass over both (0.08 ms on the DSV4-Pro-like
-        shape, benchmarks/NOTES.md v20), in place: into a new tensor, addmm first copies the
-        sum's first term there (0.056 ms, v22)."""
+        (`addmm`), instead of a separate add pass over both, in place: into a new tensor, addmm
+        would first copy the sum's first term there (docs/host-overhead.md)."""
         (a1, w1), (a2, w2) = terms
         if not (transposed_view(w1) and transposed_view(w2)):
             return super().linear_sum(terms)
@@ -87,7 +87,7 @@ class DenseGemms(CudaElementwise, ExpertEngine):
         with sm_carveout(self.free_sms()):
             return torch.mm(d_out.to(torch.bfloat16).T, a.to(torch.bfloat16))[None]
 
-    quantize = staticmethod(cuda.mxfp8_quantize)
+    quantize = staticmethod(mxfp8.mxfp8_quantize)
 
 
 @contextlib.contextmanager

@@ -1,5 +1,5 @@
 """NVLink communication on CUDA: barrier, routing all-gather, dispatch pull and combine push (the
-combine epilogues that follow are mok.backends.cuda_epilogue's). Same semantics as
+combine epilogues that follow are mok.backends.cuda.epilogue's). Same semantics as
 mok.backends.reference, bit for bit.
 
 Data moves through the peer pointers of the workspace's symmetric buffers
@@ -10,7 +10,7 @@ Synchronisation. `barrier(ws)` is a device-side barrier: each rank stores `epoch
 slot of every peer's `barrier_buffer` (release, system scope), waits until every peer's store has
 reached its own (acquire), and keeps the epoch in `ws.barrier_target`. One epoch counter serves
 every op of the workspace, and all ranks run the same sequence of barriers, so flags are never
-cleared. A wait gives up after MOK_COMM_TIMEOUT_S seconds (default 5) and sets
+cleared. A wait gives up after MOK_COMM_TIMEOUT_S seconds (mok.settings; default 5) and sets
 `mok.status.TIMEOUT` in `ws.status` instead of hanging. Every rank must call the functions below
 in the same order with the same `sync_*` choices, and one workspace serves one stream at a time.
 
@@ -32,34 +32,14 @@ precedes the pushes (`zero_fill=True`, `zero_destination`); a caller that passes
 
 from __future__ import annotations
 
-import math
-import os
-
 import torch
 
-from mok import _extension, _routes
+from mok import settings
+from mok.backends.cuda import extension as _extension
 from mok.workspace import MoKWorkspace
 
-_DEFAULT_TIMEOUT_S = 5.0
-_MAX_TIMEOUT_S = 1e9
 _PULL_SOURCES = ("x_buffer", "d_y_buffer")  # [T, H] buffers whose rows are tokens
 _PUSH_DESTINATIONS = ("combine_buffer", "d_x_routed_buffer", "d_router_weight_buffer")
-
-
-def timeout_ns() -> int:
-    """The barrier's wait bound: MOK_COMM_TIMEOUT_S seconds (default 5), in nanoseconds."""
-    text = os.environ.get("MOK_COMM_TIMEOUT_S", "")
-    try:
-        seconds = float(text) if text else _DEFAULT_TIMEOUT_S
-    except ValueError:
-        seconds = math.nan
-    # The kernels take the bound as uint64 nanoseconds (at most ~584 years); 1e9 s is far inside.
-    if not 0 < seconds < _MAX_TIMEOUT_S:
-        raise ValueError(
-            f"MOK_COMM_TIMEOUT_S must be a number of seconds in (0, {_MAX_TIMEOUT_S:.0e}), "
-            f"got {text!r}"
-        )
-    return int(seconds * 1e9)
 
 
 def _run(ws: MoKWorkspace, kernel: str, **arguments) -> None:
@@ -111,19 +91,18 @@ def _buffer(ws: MoKWorkspace, name: str, allowed: tuple[str, ...]) -> torch.Tens
     return getattr(ws, name)
 
 
-def zero_destination(ws: MoKWorkspace, name: str, peer_rank=None) -> torch.Tensor:
+def zero_destination(ws: MoKWorkspace, name: str, routes: torch.Tensor | None = None):
     """Zero the rows of this rank's push destination `name` (one of the combine buffers) that
     no rank will push, and return it; they read as zero once a barrier has followed (see
-    `push_rows`). For a schedule of build_schedule's (given by its `peer_rank`) that cannot drop
-    routes (mok._routes) those are the rows of this rank's invalid expert ids; otherwise every
-    row is zeroed."""
+    `push_rows`). With the schedule's `routes` (this rank's int32 routing, kept by
+    build_schedule when the capacity rules out dropped routes) those are the rows of this rank's
+    invalid expert ids; without them every row is zeroed (docs/exchanges.md)."""
     dest = _buffer(ws, name, _PUSH_DESTINATIONS)
-    routing = None if peer_rank is None else _routes.routing_of(peer_rank)
-    if routing is None:
+    if routes is None:
         dest.zero_()
         return dest
-    _run(ws, "comm_zero_unrouted", routing=routing.data_ptr(), dest=dest.data_ptr(),
-         slots=routing.numel(), row_bytes=dest.nbytes // routing.numel(),
+    _run(ws, "comm_zero_unrouted", routing=routes.data_ptr(), dest=dest.data_ptr(),
+         slots=routes.numel(), row_bytes=dest.nbytes // routes.numel(),
          ctas=_default_ctas(ws.device))  # fmt: skip
     return dest
 
@@ -141,7 +120,7 @@ def barrier(ws: MoKWorkspace) -> None:
         status=ws.status.data_ptr(),
         rank=ws.ep_rank,
         ep=ws.ep_size,
-        timeout_ns=timeout_ns(),
+        timeout_ns=settings.comm_timeout_ns(),
     )
 
 
@@ -317,7 +296,7 @@ def push_rows(
         )
     rows = _extension.aligned(rows)
     if zero_fill:
-        zero_destination(ws, dest_buffer_name, peer_rank)
+        zero_destination(ws, dest_buffer_name, getattr(schedule, "routes", None))
     if sync_before:
         barrier(ws)
     _run(

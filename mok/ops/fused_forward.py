@@ -2,18 +2,20 @@
 
 Argument lists are the original's (plus mok's trailing `group_name`); shared weights may be
 None (no shared expert): the matching shared outputs are then 0-size tensors, since a custom op
-that mutates an input may not return None. Routed outputs have one row
-per schedule row (C). Re-exported by `mok.ops`.
+that mutates an input may not return None. Routed outputs have one row per schedule row (C).
+Each op checks its arguments, packs them (a MoKSchedule, the weight tuples, the engine of the
+workspace whose buffers it was given) and runs mok.passes.forward. `run` is the other direction,
+for mok.functional under torch.compile: a workspace's step flattened into the op's arguments.
 """
 
 from __future__ import annotations
 
 import torch
+from torch.library import custom_op
 
-from mok import _validate
-from mok._checks import check_range, check_tensor
-from mok._custom_op import arguments_validated, custom_op
-from mok.backends import moe, select_engine
+from mok import _moe_arguments, backends, passes
+from mok._arguments import check_range, check_tensor
+from mok.schedule import MoKSchedule
 from mok.workspace import MAX_TOPK
 
 Tensor = torch.Tensor
@@ -23,8 +25,8 @@ OptTensor = torch.Tensor | None
 def _common(x, schedule, topk, swiglu_limit, routed_buffer) -> int:
     """The checks every pass shares; returns the schedule's local expert count."""
     check_tensor("x", x, dtype=torch.bfloat16, shape=(None, None), dims=("T", "H"))
-    _validate.check_limit(swiglu_limit)
-    _, num_experts = _validate.check_schedule(*schedule, x.device)
+    _moe_arguments.check_limit(swiglu_limit)
+    _, num_experts = _moe_arguments.check_schedule(*schedule, x.device)
     check_range("topk", topk, 1, MAX_TOPK)
     # The buffer of the pass's per-route rows (one per token and slot) ties k to T.
     name, buffer = routed_buffer
@@ -39,21 +41,18 @@ def check_weights(x, routed, shared, *, mxfp8: bool, backward: bool, num_experts
     the shared expert's (all None, or bf16 with the routed I)."""
     hidden, device = x.shape[1], x.device
     if mxfp8:
-        _, inter = _validate.check_routed_mxfp8(
+        _, inter = _moe_arguments.check_routed_mxfp8(
             routed, hidden, device, backward=backward, num_experts=num_experts
         )
     else:
-        _, inter = _validate.check_routed_bf16(routed, hidden, device, num_experts)
-    _validate.check_shared(shared, hidden, inter, device)
+        _, inter = _moe_arguments.check_routed_bf16(routed, hidden, device, num_experts)
+    _moe_arguments.check_shared(shared, hidden, inter, device)
 
 
 def check_pass(x, schedule, topk, swiglu_limit, routed, shared, routed_buffer, *, mxfp8: bool,
                backward: bool):  # fmt: skip
-    """A fused pass's argument checks; skipped where its caller has made them
-    (`_custom_op.validated()`: mok.functional checks the same arguments first).
-    `routed_buffer` is (name, tensor) of the pass's per-route rows buffer."""
-    if arguments_validated():
-        return
+    """A fused op's argument checks. `routed_buffer` is (name, tensor) of the pass's per-route
+    rows buffer."""
     num_experts = _common(x, schedule, topk, swiglu_limit, routed_buffer)
     check_weights(x, routed, shared, mxfp8=mxfp8, backward=backward, num_experts=num_experts)
 
@@ -91,8 +90,10 @@ def dispatch_mlp_swiglu_combine_fwd_bf16(
                backward=False)  # fmt: skip
     shared = _shared(w_shared_gate, w_shared_up, w_shared_down)
     buffers = {"x_buffer": x, "combine_buffer": combine_buffer}
-    engine = select_engine(x.device, buffers, topk, group_name, x_ptrs)
-    saved, y, shared_out = moe.forward(engine, x, shared, routed, schedule, swiglu_limit, False)
+    engine = backends.for_device(x.device).op_engine(buffers, x_ptrs, topk, group_name)
+    saved, y, shared_out = passes.forward(
+        engine, x, shared, routed, MoKSchedule(*schedule), swiglu_limit, False
+    )
     x_rows, gate, up, hidden = saved
     g_s, u_s, h_s, y_s = present(shared_out, x)
     return x_rows, g_s, gate, u_s, up, h_s, hidden, y_s, y
@@ -186,8 +187,10 @@ def dispatch_mlp_swiglu_combine_fwd_mxfp8(
                backward=False)  # fmt: skip
     shared = _shared(w_shared_gate, w_shared_up, w_shared_down)
     buffers = {"x_buffer": x, "combine_buffer": combine_buffer}
-    engine = select_engine(x.device, buffers, topk, group_name, x_ptrs)
-    saved, y, shared_out = moe.forward(engine, x, shared, routed, schedule, swiglu_limit, True)
+    engine = backends.for_device(x.device).op_engine(buffers, x_ptrs, topk, group_name)
+    saved, y, shared_out = passes.forward(
+        engine, x, shared, routed, MoKSchedule(*schedule), swiglu_limit, True
+    )
     (x_t, x_t_sc), (gate, gate_sc), (up, up_sc), (hidden_t, hidden_t_sc) = saved
     g_s, u_s, h_s, y_s = present(shared_out, x)
     return (x_t, x_t_sc, g_s, gate, gate_sc, u_s, up, up_sc, h_s, hidden_t, hidden_t_sc, y_s, y)
@@ -214,3 +217,42 @@ def _(x, x_ptrs, combine_buffer, combine_buffer_ptrs, w_shared_gate, w_routed_ga
         y_s,
         x.new_empty((capacity, hidden)),
     )
+
+
+def run(config, workspace, schedule, x, shared, routed, swiglu_limit, mxfp8: bool):
+    """mok.passes.forward's (saved, shared outputs) for `workspace`'s step, through the fused
+    op (what torch.compile traces): `x` is copied into the workspace's x_buffer first."""
+    ws = workspace
+    ws.x_buffer.copy_(x)
+    head = (ws.x_buffer, ws.x_buffer_ptrs, ws.combine_buffer, ws.combine_buffer_ptrs)
+    tail = trailing_arguments(config, ws, schedule, swiglu_limit, config.fwd_num_comm_sms)
+    gate, up, down = routed if mxfp8 else ((routed[0],), (routed[1],), (routed[2],))
+    op = dispatch_mlp_swiglu_combine_fwd_mxfp8 if mxfp8 else dispatch_mlp_swiglu_combine_fwd_bf16
+    out = op(*head, *interleave(shared, gate, up, down), *tail)
+    if mxfp8:
+        saved = (out[0:2], out[3:5], out[6:8], out[9:11])
+        shared_out = (out[2], out[5], out[8], out[11])
+    else:
+        saved = (out[0], out[2], out[4], out[6])
+        shared_out = (out[1], out[3], out[5], out[7])
+    return saved, shared_out if shared is not None else (None,) * 4
+
+
+def trailing_arguments(config, ws, schedule, swiglu_limit, num_comm_sms) -> tuple:
+    """The trailing arguments every fused op takes, in the original's order."""
+    return (
+        *schedule.as_tuple(),
+        ws.topk,
+        swiglu_limit,
+        num_comm_sms,
+        config.macrobatch_size,
+        config.minibatch_size,
+        ws.group_name,
+    )
+
+
+def interleave(shared, gate, up, down) -> tuple:
+    """(shared gate, *routed gate, shared up, *routed up, shared down, *routed down); `shared`
+    is (gate, up, down) or None."""
+    shared = (None, None, None) if shared is None else shared
+    return (shared[0], *gate, shared[1], *up, shared[2], *down)

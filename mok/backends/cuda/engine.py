@@ -1,44 +1,26 @@
-"""The CUDA backend's engine for mok.backends.moe: NVLink kernels for dispatch and combine,
+"""The CUDA backend's engine for mok.passes: NVLink kernels for dispatch and combine,
 grouped GEMMs for the experts.
 
-Communication runs on mok's own kernels (mok.backends.cuda_comm: peer loads and stores on the
+Communication runs on mok's own kernels (mok.backends.cuda.comm: peer loads and stores on the
 workspace's symmetric buffers, flag barriers, no multicast), in the foreground or on a
 high-priority comm stream beside the GEMMs. The experts' GEMMs are the engines of
-mok.backends.cuda_routed_gemms (routed) and mok.backends.cuda_dense (shared).
+mok.backends.cuda.routed_gemms (routed) and mok.backends.cuda.dense_gemms (shared).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import os
-from collections.abc import Sequence
 
 import torch
 
-from mok._checks import describe
-from mok.backends import cuda_comm, cuda_comm_mxfp8, cuda_routed_gemms
-from mok.backends.cuda_dense import DenseGemms
-from mok.backends.reference_experts import mx_round_d_out
-from mok.workspace import MoKWorkspace, same_layout, workspace_at
-
-_DEFAULT_BACKGROUND_CTAS = 64
-
-
-def background_ctas() -> int:
-    """CTAs of an exchange that runs in the background of GEMMs: MOK_OVERLAP_CTAS (default 64,
-    about half an H100/H200: on 2x H200 the DSV4-Pro-like backward's pull took 0.97 ms on 64
-    CTAs, 1.61 on 32 and 2.7 on 16, while its shared GEMMs slowed by 0.02 ms each, NOTES v5);
-    0 runs every exchange in the foreground, on all SMs."""
-    text = os.environ.get("MOK_OVERLAP_CTAS", "")
-    try:
-        ctas = int(text) if text else _DEFAULT_BACKGROUND_CTAS
-    except ValueError:
-        ctas = -1
-    if ctas < 0:
-        raise ValueError(f"MOK_OVERLAP_CTAS must be a CTA count >= 0, got {text!r}")
-    return ctas
-
+from mok import backends, settings
+from mok._arguments import describe
+from mok.backends.cuda import comm as cuda_comm
+from mok.backends.cuda import mxfp8_pulls
+from mok.backends.cuda.dense_gemms import DenseGemms
+from mok.experts import mx_round_d_out
+from mok.workspace import MoKWorkspace, same_layout
 
 _COMM_STREAMS: dict[int, torch.cuda.Stream] = {}
 
@@ -58,7 +40,7 @@ PUSHED_INTO = ("combine_buffer", "d_x_routed_buffer", "d_router_weight_buffer")
 
 
 class CudaEngine:
-    """mok.backends.moe's engine on one CUDA workspace.
+    """mok.passes's engine on one CUDA workspace.
 
     A background exchange runs on the device's comm stream, which first waits for everything
     enqueued so far on the current stream; `join()` makes the current stream wait for it. Its
@@ -70,27 +52,18 @@ class CudaEngine:
 
     def __init__(self, workspace: MoKWorkspace):
         self.ws = workspace
-        self.ctas = background_ctas()
+        self.ctas = settings.overlap_ctas()
         self._waiting: torch.cuda.Stream | None = None  # the stream to join, when forked
         self._stand_ins: dict[str, torch.Tensor] = {}  # pushed-into buffer -> its argument
 
     @classmethod
-    def for_buffers(cls, buffers: dict[str, torch.Tensor], x_ptrs: Sequence[int]) -> CudaEngine:
-        """The engine of the workspace whose `x_buffer` this rank's entry of `x_ptrs` is.
-
-        mok.functional passes the workspace's buffers themselves. Under torch.compile an op's
-        tensor arguments can be functional copies (a buffer filled by `copy_`, a mutated
-        argument's clone), while the peers read and write the symmetric buffers behind the
-        pointers: so an argument that is not its buffer has its values copied into the buffer
-        here, or, for the buffers the peers push into, gets the buffer's values back from
-        `hand_back_pushed` after the pushes (eager mode copies nothing)."""
-        workspace = workspace_at(x_ptrs)
-        if workspace is None:
-            raise ValueError(
-                "the CUDA fused ops work on a mok workspace's symmetric buffers: no entry of "
-                "`x_ptrs` is this rank's `x_buffer` of a live workspace (call mok.functional, "
-                "or pass workspace.x_buffer_ptrs)"
-            )
+    def with_stand_ins(cls, workspace: MoKWorkspace, buffers: dict[str, torch.Tensor]):
+        """The engine of a fused op called with the original's flat arguments: `buffers` maps
+        workspace buffer names to the tensors the op was given. Under torch.compile those can
+        be functional copies (a buffer filled by `copy_`, a mutated argument's clone), while the
+        peers read and write the symmetric buffers behind the pointers: so an argument that is
+        not its buffer has its values copied into the buffer here, or, for the buffers the peers
+        push into, gets the buffer's values back from `hand_back_pushed` after the pushes."""
         engine = cls(workspace)
         for name, tensor in buffers.items():
             buffer = getattr(workspace, name)
@@ -154,21 +127,21 @@ class CudaEngine:
 
     def pull_rounded(self, name: str, schedule, gemm, background=False, *, sync=(True, True)):
         """A callable giving `gemm.mx_round_both` of `self.pull(name, schedule)`'s rows; call
-        it after the join. At EP 1 or in the foreground one kernel (cuda_comm_mxfp8; the GEMM
-        engines round as it does, cuda_routed_gemms.CudaMxfp8) pulls and rounds, so the pulled
+        it after the join. At EP 1 or in the foreground one kernel (mxfp8_pulls; the GEMM
+        engines round as it does, routed_gemms.CudaMxfp8) pulls and rounds, so the pulled
         rows are never stored; at EP 1, for GEMMs that read them (`reads_rebased_rows`), as f16
-        rows rebased per row (cuda_rebased.RebasedRows). In the background (beside weight
+        rows rebased per row (rebased_rows.RebasedRows). In the background (beside weight
         dequantization) it pulls on a few CTAs and rounds when called: the one-pass kernel on a
-        limited grid was 0.2-0.5 ms slower there (NOTES v10)."""
+        limited grid was slower there (docs/exchanges.md)."""
         rebased = self.ws.ep_size == 1 and getattr(gemm, "reads_rebased_rows", False)
-        fused = functools.partial(cuda_comm_mxfp8.pull_round, rebased=rebased)
+        fused = functools.partial(mxfp8_pulls.pull_round, rebased=rebased)
         return self._pull_rounding(fused, gemm.mx_round_both, name, schedule, background, sync)
 
     def pull_rounded_rows(self, name: str, schedule, gemm, row_weights, background=False, *,
                           sync=(True, True)):  # fmt: skip
         """A callable giving `mx_round_d_out(gemm, rows, row_weights)` of `self.pull(name,
-        schedule)`'s rows, as `pull_rounded` (its one pass: cuda_comm_mxfp8.pull_round_rows)."""
-        fused = functools.partial(cuda_comm_mxfp8.pull_round_rows, row_weights=row_weights)
+        schedule)`'s rows, as `pull_rounded` (its one pass: mxfp8_pulls.pull_round_rows)."""
+        fused = functools.partial(mxfp8_pulls.pull_round_rows, row_weights=row_weights)
         rounding = functools.partial(mx_round_d_out, gemm, rw_rows=row_weights)
         return self._pull_rounding(fused, rounding, name, schedule, background, sync)
 
@@ -196,14 +169,14 @@ class CudaEngine:
         destination, one barrier, the pushes, one barrier (not two per push)."""
         with self._exchange(background) as ctas:
             for _, name in pushes:  # before the barrier that precedes the pushes
-                cuda_comm.zero_destination(self.ws, name, schedule[0])
+                cuda_comm.zero_destination(self.ws, name, schedule.routes)
             for i, (rows, name) in enumerate(pushes):
                 cuda_comm.push_rows(
                     self.ws, rows, schedule, name, zero_fill=False, sync_before=i == 0,
                     sync_after=i == len(pushes) - 1, num_ctas=ctas,
                 )  # fmt: skip
 
-    routed_gemms = staticmethod(cuda_routed_gemms.routed_gemms)
+    routed_gemms = staticmethod(backends.routed_gemms)
 
     def shared_gemms(self, tokens: int) -> DenseGemms:
         return DenseGemms(tokens, self.ws.device, self._background_sms)

@@ -8,22 +8,22 @@ from __future__ import annotations
 
 import torch
 
-from mok import _extension
-from mok._checks import check_tensor
-from mok.backends import cuda
+from mok._arguments import check_tensor
+from mok.backends.cuda import extension
+from mok.backends.cuda import mxfp8 as cuda
 
 _BF16 = torch.bfloat16
 
 
 def _bf16(t: torch.Tensor) -> torch.Tensor:
-    return _extension.aligned(t.to(_BF16))
+    return extension.aligned(t.to(_BF16))
 
 
 def _launch(kernel: str, tensors: dict[str, torch.Tensor], **scalars) -> None:
     """`kernel` with each tensor passed as its device address."""
     device = next(iter(tensors.values())).device
     addresses = {name: t.data_ptr() for name, t in tensors.items()}
-    _extension.launch(device, kernel, **addresses, **scalars)
+    extension.launch(device, kernel, **addresses, **scalars)
 
 
 def _check_rows(tensors: dict[str, torch.Tensor], row_shape: list, dims: str) -> None:
@@ -122,16 +122,16 @@ def swiglu_backward(
     given = {"hidden": hidden, "gate": gate, "up": up, "d_h": d_h}
     _check_rows({**given, "router_weight": router_weight, "num_tokens": num_tokens}, [inter], "R I")
     hidden = _bf16(hidden)
-    gate, up = (_extension.aligned(t) if mxfp8 else _bf16(t) for t in (gate, up))
+    gate, up = (extension.aligned(t) if mxfp8 else _bf16(t) for t in (gate, up))
     outputs = [torch.empty_like(hidden) for _ in range(4 if scale_hidden else 3)]
     d_router_weight = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
     tensors = {
-        "d_h": _extension.aligned(d_h.float()),
+        "d_h": extension.aligned(d_h.float()),
         "router_weight": router_weight.float().contiguous(),
         "gate": gate,
         "up": up,
         "hidden": hidden,
-        **{name: _extension.aligned(t) for name, t in scales.items()},
+        **{name: extension.aligned(t) for name, t in scales.items()},
         **dict(zip(_SWIGLU_BACKWARD_OUTPUTS[: len(outputs)], outputs, strict=True)),
         "d_router_weight": d_router_weight,
         "num_tokens": num_tokens,

@@ -4,14 +4,15 @@ bit the arithmetic of mok.ops.fwd_epilogue / bwd_epilogue's reference loops.
 
 Neither allocates anything but its output nor synchronises, so both are capturable in a CUDA
 graph; they run on `torch.cuda.current_stream()`. Inputs may start at any 2-byte address and
-have any strides (they are copied to aligned, contiguous ones first).
+have any strides (they are copied to aligned, contiguous ones first). The arguments are
+checked by their public entry, mok.ops.
 """
 
 from __future__ import annotations
 
 import torch
 
-from mok import _extension, _validate
+from mok.backends.cuda import extension
 
 
 def fwd_epilogue(
@@ -27,17 +28,15 @@ def fwd_epilogue(
     | topk_weights   | fp32  | [T, k]         |
     | output         | bf16  | [T, H]         |
     """
-    topk = _validate.check_fwd_epilogue(y_shared, combine_buffer, topk_weights)
-    return _launch(y_shared, combine_buffer, topk_weights, topk)
+    return _launch(y_shared, combine_buffer, topk_weights, topk_weights.shape[1])
 
 
 def bwd_epilogue(
-    d_x_shared: torch.Tensor | None, d_x_routed_buffer: torch.Tensor, topk: int | None = None
+    d_x_shared: torch.Tensor | None, d_x_routed_buffer: torch.Tensor, topk: int
 ) -> torch.Tensor:
     """d_x[t] = bf16(d_x_shared[t] + sum_j d_x_routed_buffer[t * k + j]), fp32, j in order
     (bit for bit `mok.ops.bwd_epilogue`'s reference arithmetic). Shapes as `fwd_epilogue`;
-    `topk` in [1, mok.workspace.MAX_TOPK], or None to take T from `d_x_shared`."""
-    topk = _validate.check_bwd_epilogue(d_x_shared, d_x_routed_buffer, topk)
+    `topk` in [1, mok.workspace.MAX_TOPK]."""
     return _launch(d_x_shared, d_x_routed_buffer, None, topk)
 
 
@@ -47,10 +46,10 @@ def _launch(shared, routed, weights, topk: int) -> torch.Tensor:
     if out.numel() == 0:
         return out
     # Hold the (possibly copied) inputs until the launch is enqueued.
-    shared = None if shared is None else _extension.aligned(shared)
+    shared = None if shared is None else extension.aligned(shared)
     weights = None if weights is None else weights.contiguous()
-    routed = _extension.aligned(routed)
-    _extension.launch(
+    routed = extension.aligned(routed)
+    extension.launch(
         routed.device,
         "comm_epilogue",
         shared=0 if shared is None else shared.data_ptr(),

@@ -5,7 +5,7 @@ for their normal layout) and their transposed (fp8, scale) pair (saved for the w
 gradient). `pull_round` gathers the rows from the peers' symmetric buffers and writes those two
 outputs directly, so the pulled bf16 rows are never stored and read back: at EP 1 that saves a
 write and a read of every routed row, and beyond it the rounding rides on the NVLink loads.
-Bit for bit `cuda.mxfp8_round(cuda_comm.pull_rows(...), transposed=True, used_rows=num_tokens)`
+Bit for bit `mxfp8.mxfp8_round(cuda_comm.pull_rows(...), transposed=True, used_rows=num_tokens)`
 on the rows below the schedule's `num_tokens` (GPU tests). The backward reads its d_out rows
 only as their rounding and, for d_W_down, the rounding in blocks of 32 rows of the rows times
 their router weights: `pull_round_rows` writes those two.
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import torch
 
-from mok._checks import check_tensor
-from mok.backends import cuda, cuda_rebased
-from mok.backends.cuda_comm import _PULL_SOURCES, _buffer, _schedule_rows, run_pull
+from mok._arguments import check_tensor
+from mok.backends.cuda import mxfp8, rebased_rows
+from mok.backends.cuda.comm import _PULL_SOURCES, _buffer, _schedule_rows, run_pull
 from mok.workspace import MoKWorkspace
 
 _TILE = 128
@@ -42,30 +42,30 @@ def pull_round(
     many CTAs (an exchange in the background); None gives one per 128 x 128 tile. Barriers as
     in `pull_rows`.
 
-    `rebased` (EP 1): `values` is a cuda_rebased.RebasedRows instead, the same values as f16
-    times 2^(127 - R) with R the exponent byte of the source token (cuda_rebased.row_exponents
+    `rebased` (EP 1): `values` is a rebased_rows.RebasedRows instead, the same values as f16
+    times 2^(127 - R) with R the exponent byte of the source token (rebased_rows.row_exponents
     of the source buffer, one more pass over the T local tokens), the MXFP8 GEMM on f16
-    operands' input (cuda_rebased.linear_mx_f16).
+    operands' input (rebased_rows.linear_mx_f16).
     """
     source, schedule_rows, (rows, cols) = _tiled_pull(ws, source_buffer_name, schedule, num_ctas)
     if rebased and ws.ep_size != 1:
         raise ValueError(f"`rebased` rows need the local source (EP 1), got EP {ws.ep_size}")
     dtype = torch.float16 if rebased else torch.bfloat16
     values = torch.empty((rows, cols), dtype=dtype, device=ws.device)
-    data_t, scale_t = cuda.mxfp8_layout((cols, rows), ws.device)
+    data_t, scale_t = mxfp8.mxfp8_layout((cols, rows), ws.device)
     exponents = {}
     if rebased:
-        storage = torch.empty(rows + cuda_rebased.EXPONENT_PADDING, dtype=torch.uint8,
+        storage = torch.empty(rows + rebased_rows.EXPONENT_PADDING, dtype=torch.uint8,
                               device=ws.device)  # fmt: skip
         exponents = {
-            "src_exponents": cuda_rebased.row_exponents(source).data_ptr(),
+            "src_exponents": rebased_rows.row_exponents(source).data_ptr(),
             "row_exponents": storage.data_ptr(),
         }
     sync = (sync_before, sync_after)
     _run_pull_round(ws, (source_buffer_name, source), schedule_rows, sync, num_ctas, values,
                     out_t=data_t.data_ptr(), scale_t=scale_t.data_ptr(), **exponents)  # fmt: skip
     if rebased:
-        values = cuda_rebased.RebasedRows(values, storage[:rows])
+        values = rebased_rows.RebasedRows(values, storage[:rows])
     return values, (data_t, scale_t)
 
 
@@ -80,8 +80,8 @@ def pull_round_rows(
     num_ctas: int | None = None,
 ):
     """The MXFP8 backward's d_out pull and both of its roundings in one pass: (values,
-    rounded_rows), bf16 [C, H] each, bit for bit `cuda.mxfp8_round(rows, used_rows=num_tokens)`
-    and `cuda.mxfp8_round_rows(rows, num_tokens, row_scale=row_weights)` of
+    rounded_rows), bf16 [C, H] each, bit for bit `mxfp8.mxfp8_round(rows, used_rows=num_tokens)`
+    and `mxfp8.mxfp8_round_rows(rows, num_tokens, row_scale=row_weights)` of
     `rows = cuda_comm.pull_rows(ws, source_buffer_name, schedule)` on the tiles below the
     schedule's `num_tokens` (the later ones are left unwritten). `row_weights`: fp32 [C], the
     routed rows' router weights (`pull_router_weights`), read on the device, so enqueue it on

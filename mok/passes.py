@@ -1,8 +1,9 @@
-"""The fused passes written once for every backend: pull-dispatch -> experts -> push-combine.
+"""The passes, written once for every backend: pull-dispatch -> experts -> push-combine.
 
-These are the bodies of the `dispatch_mlp_swiglu_combine_{fwd,bwd}_{bf16,mxfp8}` ops. An
-engine supplies the communication and the GEMMs (reference: collectives and masked fp32
-products; CUDA: NVLink kernels and grouped GEMMs):
+mok.functional runs them on a workspace's engine (mok.backends.engine); the original's flat
+`dispatch_mlp_swiglu_combine_{fwd,bwd}_{bf16,mxfp8}` ops (mok.ops) unpack their arguments and
+run the same ones. An engine supplies the communication and the GEMMs (reference: collectives
+and masked fp32 products; CUDA: NVLink kernels and grouped GEMMs):
 
 | engine method                                    | does                                    |
 |--------------------------------------------------|-----------------------------------------|
@@ -33,17 +34,12 @@ backward, of the saved activations. The results do not depend on it.
 
 from __future__ import annotations
 
-from mok.backends import reference_experts as experts
+from mok import experts
 
-# Of the shared expert's GEMMs only the backward's hide exchanges. Its shared-expert phases
-# (data gradients beside the pulls, weight gradients beside the pushes) each take ~6·T·H·I_s
-# FLOPs, an exchange moves ~2·T·k·H bytes; at H200's ~650 TFLOP/s and the ~650 GB/s a
-# background exchange reached on a quarter of the SMs (32 CTAs; since v5 it gets 64), the GEMMs
-# outlast the exchange from I_s ≈ 330·k. Measured on
-# 2x H200 (benchmarks/NOTES.md v4, v5): the DSV4-Pro-like backward (I_s 3072, top-6) 0.2-0.8 ms
-# faster than in the foreground, the Qwen3.5-like one (I_s 1024, top-10) ~0.2 ms slower. The
-# forward's dispatch beside its shared expert gained nothing (+0.27 to -0.05 ms on 32 CTAs, -0.04
-# on 64): GEMMs on the remaining SMs last about as long as the pull.
+# Of the shared expert's GEMMs only the backward's hide exchanges: its phases (data gradients
+# beside the pulls, weight gradients beside the pushes) each take ~6·T·H·I_s FLOPs, an exchange
+# moves ~2·T·k·H bytes, so the GEMMs outlast a background exchange from I_s ≈ 330·k; the
+# forward's dispatch beside its shared expert gained nothing (docs/exchanges.md).
 MIN_SHARED_INTER_PER_TOPK = 330
 
 
@@ -76,28 +72,30 @@ def _shared_backward(engine, d_out, x, saved, shared, limit):
 
 
 def forward(engine, x, shared, routed, schedule, limit, mxfp8: bool):
-    """Returns (routed ctx list, y_routed, shared (gate, up, hidden, y)); fills combine_buffer.
+    """`schedule` is a MoKSchedule, `shared` (gate, up, down) or None, `routed` the routed
+    weights in their mode's form (mok.functional.forward). Returns (routed saved tensors,
+    y_routed, shared (gate, up, hidden, y)); fills combine_buffer.
 
     The shared expert goes first: it needs nothing from the exchange, so its GEMMs keep the GPU
     busy while the host enqueues the routed stages.
     """
     shared_out = _shared_forward(engine, x, shared, limit)
-    gemm = engine.routed_gemms(schedule, schedule[3].shape[0])
+    rows = schedule.as_tuple()
+    gemm = engine.routed_gemms(rows, rows[3].shape[0])
     if mxfp8:
         # The forward reads the routed rows only rounded. Engines whose exchange is worth hiding
         # pull in the background of the weights' dequantization, where the GEMMs need one
-        # (memory-bound work that needs nothing from the exchange; 2x H200, EP 2: -0.1 to
-        # -0.4 ms, NOTES v8), and round after the join; others pull and round in one pass
-        # (NOTES v10).
+        # (memory-bound work that needs nothing from the exchange), and round after the join;
+        # others pull and round in one pass (docs/mxfp8.md).
         x_rounded = engine.pull_rounded(
-            "x_buffer", schedule, gemm, background=not gemm.mx_weights_as_stored,
+            "x_buffer", rows, gemm, background=not gemm.mx_weights_as_stored,
             sync=(True, False),
         )  # fmt: skip
         weights = experts.mxfp8_weights(*routed, gemm)
         engine.join()
         *saved, y = experts.forward_mxfp8(x_rounded(), weights, gemm, limit)
     else:
-        x_rows = engine.pull("x_buffer", schedule, sync=(True, False))
+        x_rows = engine.pull("x_buffer", rows, sync=(True, False))
         gate, up, hidden, y = experts.forward_bf16(x_rows, *routed, gemm, limit)
         saved = [x_rows, gate, up, hidden]
     engine.push_all([(y, "combine_buffer")], schedule)
@@ -119,16 +117,17 @@ def backward(engine, d_y, shared, routed, saved, shared_saved, x, schedule, limi
     d_w_routed_down).
     """
     overlap = overlaps_shared(shared, engine.topk)
-    gemm = engine.routed_gemms(schedule, schedule[3].shape[0])
+    rows = schedule.as_tuple()
+    gemm = engine.routed_gemms(rows, rows[3].shape[0])
     # MXFP8 also pulls in the background of the dequantization of its saved tensors.
     background = overlap or mxfp8
-    rw_rows = engine.pull_router_weights(schedule, background=background, sync=(True, False))
+    rw_rows = engine.pull_router_weights(rows, background=background, sync=(True, False))
     sync = (False, False)
     if mxfp8:  # d_out's rows are read only rounded, in two forms (experts.mx_round_d_out)
-        d_out = engine.pull_rounded_rows("d_y_buffer", schedule, gemm, rw_rows, background,
+        d_out = engine.pull_rounded_rows("d_y_buffer", rows, gemm, rw_rows, background,
                                          sync=sync)  # fmt: skip
     else:
-        d_out_rows = engine.pull("d_y_buffer", schedule, background=background, sync=sync)
+        d_out_rows = engine.pull("d_y_buffer", rows, background=background, sync=sync)
     inputs = experts.mxfp8_backward_inputs(saved, routed, gemm) if mxfp8 else None
     if not overlap:  # the shared expert (if any) gets every SM; a no-op when nothing forked
         engine.join()

@@ -19,11 +19,11 @@ from typing import NamedTuple
 
 import torch
 
-from mok import _extension
-from mok._checks import check_tensor
+from mok._arguments import check_tensor
+from mok.backends.cuda import extension
 
 _BF16 = torch.bfloat16
-# LINEAR_SWIGLU's tiles put 128 gate columns beside the same 128 up columns.
+# M_GROUPED_BF16_NT_SWIGLU's tiles put 128 gate columns beside the same 128 up columns.
 SWIGLU_TILE_COLUMNS = 128
 
 
@@ -44,20 +44,30 @@ class MxWeightT(NamedTuple):
 
 
 class Kind(enum.IntEnum):
-    LINEAR = 0  # bf16 a[seg] @ w[e]^T, w [E, N, K] -> bf16
-    LINEAR_TRANSPOSED = 1  # bf16 a[seg] @ w[e], w [E, K, N] -> fp32
-    LINEAR_PAIR = 2  # a[seg] @ w[e] + a2[seg] @ w2[e], w and w2 [E, K, N] -> bf16
-    WEIGHT_GRAD = 3  # a[seg]^T @ b[seg] per expert -> bf16 [E, Ka, Kb]
-    LINEAR_MX = 4  # LINEAR with w an MXFP8 (E4M3 [E, N, K], scale tiles) pair -> bf16
-    LINEAR_SWIGLU = 5  # LINEAR of gate and up weights, + hidden = swiglu(gate, up) -> bf16 x3
-    LINEAR_MX_F16 = 6  # LINEAR_MX on f16 rows rebased per row (RebasedRows) -> bf16
-    LINEAR_MX_FLOAT = 7  # LINEAR_MX -> fp32
-    LINEAR_MX_PAIR = 8  # a[seg] @ w[e]^T + a2[seg] @ w2[e]^T, w and w2 MXFP8 pairs -> bf16
-    WEIGHT_GRAD_MX = 9  # WEIGHT_GRAD with b an MXFP8 transposed pair (cuda_weight_grads_mx)
+    """The grouped GEMM variants, named as DeepGEMM names its kernels: M_GROUPED multiplies each
+    expert's row segment by that expert's weight, K_GROUPED reduces over the segment's rows (the
+    weight gradients); NT / NN / TN say whether each operand is read transposed; then the
+    precision of the weights and of the output (bf16 unless named). The values are the
+    extension's (csrc)."""
+
+    M_GROUPED_BF16_NT = 0  # bf16 a[seg] @ w[e]^T, w [E, N, K] -> bf16
+    M_GROUPED_BF16_NN_F32 = 1  # bf16 a[seg] @ w[e], w [E, K, N] -> fp32
+    M_GROUPED_BF16_NN_PAIR = 2  # a[seg] @ w[e] + a2[seg] @ w2[e], w and w2 [E, K, N] -> bf16
+    K_GROUPED_BF16_TN = 3  # a[seg]^T @ b[seg] per expert -> bf16 [E, Ka, Kb]
+    M_GROUPED_MXFP8_NT = 4  # the BF16_NT product with w an MXFP8 (E4M3 [E, N, K], scale) pair
+    M_GROUPED_BF16_NT_SWIGLU = 5  # gate and up products + hidden = swiglu(gate, up) -> bf16 x3
+    M_GROUPED_MXFP8_NT_F16_ROWS = 6  # MXFP8_NT on f16 rows rebased per row (RebasedRows)
+    M_GROUPED_MXFP8_NT_F32 = 7  # MXFP8_NT -> fp32
+    M_GROUPED_MXFP8_NT_PAIR = 8  # a[seg] @ w[e]^T + a2[seg] @ w2[e]^T, w and w2 MXFP8 pairs
+    K_GROUPED_MXFP8_TN = 9  # K_GROUPED_BF16_TN with b an MXFP8 transposed pair
 
 
 # The kinds whose launch has one group per expert (both operand sets in each tile).
-_ONE_GROUP_KINDS = (Kind.LINEAR_PAIR, Kind.LINEAR_SWIGLU, Kind.LINEAR_MX_PAIR)
+_ONE_GROUP_KINDS = (
+    Kind.M_GROUPED_BF16_NN_PAIR,
+    Kind.M_GROUPED_BF16_NT_SWIGLU,
+    Kind.M_GROUPED_MXFP8_NT_PAIR,
+)
 
 
 def available(device: torch.device) -> bool:
@@ -65,7 +75,7 @@ def available(device: torch.device) -> bool:
     if device.type != "cuda":
         return False
     try:
-        module = _extension.module_for_device(device)
+        module = extension.module_for_device(device)
     except NotImplementedError:
         return False
     return bool(module.grouped_gemm_available())
@@ -78,7 +88,7 @@ def _sm_count(device: torch.device) -> int:
 
 @functools.cache
 def _scratch_bytes(device: torch.device, kind: Kind, groups: int) -> int:
-    module = _extension.module_for_device(device)
+    module = extension.module_for_device(device)
     return int(module.grouped_gemm_scratch_bytes(int(kind), groups, _sm_count(device)))
 
 
@@ -99,10 +109,12 @@ def _launch(
     limit=None,
     exponents=None,
 ) -> None:
-    """sets: one or two (a, b, d) tuples of contiguous 16-byte aligned tensors (LINEAR_PAIR,
-    LINEAR_MX_PAIR: the second set's d None); row_source: None or int32 [R] (R = the first
-    operand's rows) on the device; b_scales: the LINEAR_MX* kinds' scale tiles of each set's b;
-    hidden and limit: LINEAR_SWIGLU's third output and SwiGLU clamp; exponents: LINEAR_MX_F16's
+    """sets: one or two (a, b, d) tuples of contiguous 16-byte aligned tensors (the *_PAIR
+    variants: the second set's d None); row_source: None or int32 [R] (R = the first
+    operand's rows) on the device; b_scales: the M_GROUPED_MXFP8_* variants' scale tiles of each
+    set's b;
+    hidden and limit: M_GROUPED_BF16_NT_SWIGLU's third output and SwiGLU clamp; exponents:
+    M_GROUPED_MXFP8_NT_F16_ROWS's
     (a's row exponents, [each b's row exponents])."""
     device = rows.device
     if row_source is not None:
@@ -115,7 +127,7 @@ def _launch(
     scratch = torch.empty(nbytes, dtype=torch.uint8, device=device)
     first = sets[0]
     second = sets[1] if len(sets) > 1 else (None, None, None)
-    _extension.launch(
+    extension.launch(
         device,
         "grouped_gemm",
         kind=int(kind),
@@ -155,7 +167,7 @@ def _exponent_arguments(exponents) -> dict:
 
 
 def _bf16(t: torch.Tensor) -> torch.Tensor:
-    return _extension.aligned(t.to(_BF16))
+    return extension.aligned(t.to(_BF16))
 
 
 def _shaped(name: str, t: torch.Tensor, shape: list, dims: str, device: torch.device) -> None:
@@ -195,14 +207,17 @@ def linear(
     n = weights[0].shape[1] if weights[0].dim() == 3 else None
     for i, w in enumerate(weights):
         _shaped(f"weights[{i}]", w, [experts, n, a.shape[1]], "E N K", a.device)
-    return _linear(Kind.LINEAR, a, [_bf16(w) for w in weights], rows, row_source, zero_rest)
+    return _linear(
+        Kind.M_GROUPED_BF16_NT, a, [_bf16(w) for w in weights], rows, row_source, zero_rest
+    )
 
 
 def _linear(kind: Kind, a, weights, rows, row_source, zero_rest, scales=(), exponents=None):
-    """One launch of LINEAR or LINEAR_MX* on checked operands -> [R, N] per weight (fp32 for
-    LINEAR_MX_FLOAT, bf16 otherwise)."""
-    a = a if kind == Kind.LINEAR_MX_F16 else _bf16(a)
-    dtype = torch.float32 if kind == Kind.LINEAR_MX_FLOAT else _BF16
+    """One launch of M_GROUPED_BF16_NT or M_GROUPED_MXFP8_NT* on checked operands -> [R, N] per
+    weight (fp32 for
+    M_GROUPED_MXFP8_NT_F32, bf16 otherwise)."""
+    a = a if kind == Kind.M_GROUPED_MXFP8_NT_F16_ROWS else _bf16(a)
+    dtype = torch.float32 if kind == Kind.M_GROUPED_MXFP8_NT_F32 else _BF16
     outs = [a.new_empty((a.shape[0], w.shape[1]), dtype=dtype) for w in weights]
     sets = [(a, w, out) for w, out in zip(weights, outs, strict=True)]
     total_rows = a.shape[0] if zero_rest else 0
@@ -236,7 +251,7 @@ def linear_swiglu(
     gate, up, hidden = (a.new_empty((a.shape[0], n)) for _ in range(3))
     sets = [(a, _bf16(w_gate), gate), (a, _bf16(w_up), up)]
     total_rows = a.shape[0] if zero_rest else 0
-    _launch(Kind.LINEAR_SWIGLU, sets, rows, n, a.shape[1], total_rows, row_source,
+    _launch(Kind.M_GROUPED_BF16_NT_SWIGLU, sets, rows, n, a.shape[1], total_rows, row_source,
             hidden=hidden, limit=limit)  # fmt: skip
     return gate, up, hidden
 
@@ -254,7 +269,7 @@ def linear_mx(
     writes it, N and K multiples of 128; outputs bf16 or (`out_dtype` torch.float32, the
     unrounded sums) fp32. Bit for bit what `linear` (`linear_transposed` for fp32) gives on the
     weights' mxfp8_dequantize values, up to the order of the fp32 accumulation."""
-    kinds = {_BF16: Kind.LINEAR_MX, torch.float32: Kind.LINEAR_MX_FLOAT}
+    kinds = {_BF16: Kind.M_GROUPED_MXFP8_NT, torch.float32: Kind.M_GROUPED_MXFP8_NT_F32}
     if out_dtype not in kinds:
         raise ValueError(f"`out_dtype` must be torch.bfloat16 or torch.float32, got {out_dtype}")
     data, scales = mx_weight_operands(a, weights, rows)
@@ -273,7 +288,8 @@ def linear_mx_sum(terms, rows: torch.Tensor, row_source=None, zero_rest: bool = 
     a1, a2 = _bf16(a1), _bf16(a2)
     out = a1.new_empty((a1.shape[0], data[0].shape[1]))
     total_rows = a1.shape[0] if zero_rest else 0
-    _launch(Kind.LINEAR_MX_PAIR, [(a1, data[0], out), (a2, data[1], None)], rows, out.shape[1],
+    _launch(Kind.M_GROUPED_MXFP8_NT_PAIR, [(a1, data[0], out), (a2, data[1], None)], rows,
+    out.shape[1],
             a1.shape[1], total_rows, row_source, scales)  # fmt: skip
     return out
 
@@ -282,7 +298,8 @@ def mx_weight_operands(
     a: torch.Tensor, weights, rows: torch.Tensor, scale_dtype=torch.uint8, item="weights[{i}]"
 ):
     """The checked, aligned (data, scales) lists of MXFP8 weights for activations `a` [R, K]
-    (`scale_dtype` torch.int16: kind 6's f16 factor tiles in the scales' place); `item` names
+    (`scale_dtype` torch.int16: M_GROUPED_MXFP8_NT_F16_ROWS's f16 factor tiles in the scales'
+    place); `item` names
     weight i in errors."""
     _check_sets("weights", weights)
     experts = _experts(rows, a)
@@ -298,8 +315,8 @@ def mx_weight_operands(
         check_tensor(f"{name}[1] (scales)", scales, dtype=scale_dtype,
                      shape=[experts * n // 128, k // 128, 32, 16],
                      dims=["E*N/128", "K/128", "32", "16"], device=a.device)  # fmt: skip
-    data = [_extension.aligned(d) for d, _ in weights]
-    scales = [_extension.aligned(sc) for _, sc in weights]
+    data = [extension.aligned(d) for d, _ in weights]
+    scales = [extension.aligned(sc) for _, sc in weights]
     return data, scales
 
 
@@ -317,7 +334,7 @@ def linear_transposed(
     a, weight_t = _bf16(a), _bf16(weight_t)
     out = a.new_empty((a.shape[0], weight_t.shape[2]), dtype=torch.float32)
     total_rows = a.shape[0] if zero_rest else 0
-    _launch(Kind.LINEAR_TRANSPOSED, [(a, weight_t, out)], rows, out.shape[1], a.shape[1],
+    _launch(Kind.M_GROUPED_BF16_NN_F32, [(a, weight_t, out)], rows, out.shape[1], a.shape[1],
             total_rows, row_source)  # fmt: skip
     return out
 
@@ -335,7 +352,8 @@ def linear_sum(terms, rows: torch.Tensor, row_source=None, zero_rest: bool = Tru
     (a1, w1), (a2, w2) = ((_bf16(a), _bf16(w)) for a, w in terms)
     out = a1.new_empty((a1.shape[0], w1.shape[2]))
     total_rows = a1.shape[0] if zero_rest else 0
-    _launch(Kind.LINEAR_PAIR, [(a1, w1, out), (a2, w2, None)], rows, out.shape[1], a1.shape[1],
+    _launch(Kind.M_GROUPED_BF16_NN_PAIR, [(a1, w1, out), (a2, w2, None)], rows, out.shape[1],
+    a1.shape[1],
             total_rows, row_source)  # fmt: skip
     return out
 
@@ -355,5 +373,5 @@ def weight_grads(pairs, rows: torch.Tensor, row_source=None) -> list[torch.Tenso
     n_out, k_in = pairs[0][0].shape[1], pairs[0][1].shape[1]
     outs = [pairs[0][0].new_empty((rows.shape[0], n_out, k_in)) for _ in pairs]
     sets = [(d_out, a, out) for (d_out, a), out in zip(pairs, outs, strict=True)]
-    _launch(Kind.WEIGHT_GRAD, sets, rows, k_in, n_out, row_source=row_source)
+    _launch(Kind.K_GROUPED_BF16_TN, sets, rows, k_in, n_out, row_source=row_source)
     return outs

@@ -11,11 +11,19 @@ a shared expert.
 from __future__ import annotations
 
 import torch
+from torch.library import custom_op
 
-from mok import _validate
-from mok._custom_op import arguments_validated, custom_op
-from mok._moe_ops import OptTensor, Tensor, _shared, check_pass, present
-from mok.backends import moe, select_engine
+from mok import _moe_arguments, backends, passes
+from mok.ops.fused_forward import (
+    OptTensor,
+    Tensor,
+    _shared,
+    check_pass,
+    interleave,
+    present,
+    trailing_arguments,
+)
+from mok.schedule import MoKSchedule
 
 _MUTATED = ("d_x_routed_buffer", "d_router_weight_buffer")
 _OUT = tuple[
@@ -182,12 +190,9 @@ def dispatch_mlp_swiglu_combine_bwd_mxfp8(
 
 
 def _check_saved(saved, x, schedule, w_routed_gate, w_shared_gate, *, mxfp8: bool) -> None:
-    """The forward's saved tensors (MoKForwardContext's order) against this pass, skipped where
-    the caller checked them."""
-    if arguments_validated():
-        return
+    """The forward's saved tensors (MoKForwardContext's order) against this pass."""
     sizes = (schedule[0].shape[0], x.shape[0], x.shape[1], w_routed_gate.shape[1])
-    _validate.check_saved(saved, prefix="", mxfp8=mxfp8, shared=w_shared_gate is not None,
+    _moe_arguments.check_saved(saved, prefix="", mxfp8=mxfp8, shared=w_shared_gate is not None,
                           sizes=sizes, device=x.device)  # fmt: skip
 
 
@@ -197,19 +202,53 @@ def _backward(
 ):  # fmt: skip
     names = ("d_y_buffer", "router_weight_buffer", "d_x_routed_buffer", "d_router_weight_buffer")
     x, x_ptrs = x_and_ptrs
-    engine = select_engine(
-        x.device,
-        dict(zip(names, (*grads, *buffers), strict=True)) | {"x_buffer": x},
-        topk,
-        group_name,
-        x_ptrs,
-    )
+    buffers = dict(zip(names, (*grads, *buffers), strict=True)) | {"x_buffer": x}
+    engine = backends.for_device(x.device).op_engine(buffers, x_ptrs, topk, group_name)
     if shared is None:
         shared_saved = None
-    outputs = moe.backward(
+    schedule = MoKSchedule(*schedule)
+    outputs = passes.backward(
         engine, grads[0], shared, routed, saved, shared_saved, x, schedule, limit, mxfp8
     )
     return present(outputs, x)
+
+
+def run(config, workspace, schedule, ctx, grad_output, x, router_weights, shared, routed,
+        swiglu_limit, mxfp8: bool):  # fmt: skip
+    """mok.passes.backward's outputs (None for an absent shared expert's) for `workspace`'s step,
+    through the fused op (what torch.compile traces); the inputs are copied into the
+    workspace's buffers first."""
+    ws = workspace
+    ws.d_y_buffer.copy_(grad_output)
+    ws.router_weight_buffer.copy_(router_weights)
+    ws.x_buffer.copy_(x)
+    head = (ws.d_y_buffer, ws.d_y_buffer_ptrs, ws.d_x_routed_buffer, ws.d_x_routed_buffer_ptrs,
+            ws.router_weight_buffer, ws.router_weight_buffer_ptrs, ws.d_router_weight_buffer,
+            ws.d_router_weight_buffer_ptrs)  # fmt: skip
+    tail = trailing_arguments(config, ws, schedule, swiglu_limit, config.bwd_num_comm_sms)
+    c = ctx
+    if mxfp8:
+        gate, up, down = routed
+        saved = (*c.x_routed, c.gate_shared, *c.gate_routed, c.up_shared, *c.up_routed,
+                 c.hidden_shared, *c.hidden_routed)  # fmt: skip
+        out = dispatch_mlp_swiglu_combine_bwd_mxfp8(
+            *head, *interleave(shared, gate[2:], up[2:], down), *saved, ws.x_buffer,
+            ws.x_buffer_ptrs, *gate[:2], *up[:2], *tail,
+        )  # fmt: skip
+    else:
+        saved = (c.x_routed, c.gate_shared, c.gate_routed, c.up_shared, c.up_routed,
+                 c.hidden_shared, c.hidden_routed)  # fmt: skip
+        weights = interleave(shared, (routed[0],), (routed[1],), (routed[2],))
+        out = dispatch_mlp_swiglu_combine_bwd_bf16(
+            *head, *weights, *saved, ws.x_buffer, ws.x_buffer_ptrs, *tail
+        )
+    if shared is not None:
+        return tuple(out)
+    return tuple(None if i in _SHARED_OUTPUTS else t for i, t in enumerate(out))
+
+
+# Positions of the shared expert's outputs among the fused backward ops' outputs.
+_SHARED_OUTPUTS = (0, 2, 4, 6, 8, 10, 12)
 
 
 def _fake_outputs(x, w_shared_gate, capacity, num_experts, inter):

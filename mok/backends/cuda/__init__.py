@@ -1,0 +1,1 @@
+"""The CUDA engine: mok's kernels for every stage (comm, schedule, GEMMs, epilogues)."""

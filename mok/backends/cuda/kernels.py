@@ -1,0 +1,66 @@
+"""The CUDA backend's face for mok.backends' registry: the same functions as
+mok.backends.reference.kernels, on mok's kernels.
+
+The functions that take a workspace's buffer as the original's flat ops give it (the routing
+all-gather, the barrier, the fused ops' engine) find that buffer's workspace here, once
+(mok.workspace.workspace_for): that is the compatibility edge. mok.functional passes the
+workspace itself (`engine`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mok.backends.cuda import comm
+from mok.backends.cuda.engine import CudaEngine
+from mok.backends.cuda.epilogue import bwd_epilogue, fwd_epilogue
+from mok.backends.cuda.mxfp8 import mxfp8_quantize
+from mok.backends.cuda.schedule import routing, schedule
+from mok.workspace import MoKWorkspace, workspace_for
+
+__all__ = [
+    "all_gather_top_experts",
+    "barrier",
+    "bwd_epilogue",
+    "engine",
+    "fwd_epilogue",
+    "mxfp8_quantize",
+    "op_engine",
+    "routing",
+    "schedule",
+]
+
+
+def _workspace(group_name: str, name: str, tensor: torch.Tensor, ptrs=None) -> MoKWorkspace:
+    workspace = workspace_for(group_name, name, tensor, ptrs)
+    if workspace is None:
+        raise ValueError(
+            f"on CUDA, `{name}` must be the `{name}` of a live mok workspace of group "
+            f"{group_name or '(default)'!r} (call mok.functional, or pass the workspace's "
+            f"buffers and their `{name}_ptrs`)"
+        )
+    return workspace
+
+
+def engine(workspace: MoKWorkspace) -> CudaEngine:
+    """mok.passes' engine on the workspace's own buffers."""
+    return CudaEngine(workspace)
+
+
+def op_engine(buffers: dict[str, torch.Tensor], x_ptrs, topk: int, group_name: str):
+    """The engine of a fused op called with the original's flat arguments (see
+    CudaEngine.with_stand_ins for arguments that are copies of the buffers)."""
+    workspace = _workspace(group_name, "x_buffer", buffers["x_buffer"], x_ptrs)
+    return CudaEngine.with_stand_ins(workspace, buffers)
+
+
+def all_gather_top_experts(top_experts, buffer, group_name: str) -> None:
+    name = "all_gather_top_experts_buffer"
+    workspace = _workspace(group_name, name, buffer)
+    gathered = comm.all_gather_top_experts(workspace, top_experts)
+    if buffer.data_ptr() != gathered.data_ptr():  # a functional copy (torch.compile)
+        buffer.copy_(gathered)
+
+
+def barrier(barrier_buffer, barrier_buffer_ptrs, target, group_name: str) -> None:
+    comm.barrier(_workspace(group_name, "barrier_buffer", barrier_buffer, barrier_buffer_ptrs))

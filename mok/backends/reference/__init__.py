@@ -1,0 +1,1 @@
+"""The reference backend: every stage in plain PyTorch (CPU or GPU), the oracle of the kernels."""

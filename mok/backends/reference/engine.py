@@ -1,0 +1,73 @@
+"""The reference backend's engine for mok.passes: collectives and masked fp32 GEMMs."""
+
+from __future__ import annotations
+
+import torch
+
+from mok import experts
+from mok.backends.reference import exchange
+
+# The workspace buffers the passes read and write.
+PASS_BUFFERS = ("x_buffer", "d_y_buffer", "router_weight_buffer", "combine_buffer",
+                "d_x_routed_buffer", "d_router_weight_buffer")  # fmt: skip
+
+
+class ReferenceEngine:
+    """The reference backend's side of mok.passes: collectives and masked fp32 GEMMs.
+
+    `buffers` maps the workspace buffer names the passes use (x_buffer, d_y_buffer,
+    router_weight_buffer, combine_buffer, d_x_routed_buffer, d_router_weight_buffer) to this
+    rank's tensors; `group_name` names the EP group.
+    """
+
+    def __init__(self, buffers: dict[str, torch.Tensor], topk: int, group_name: str):
+        self.buffers, self.topk, self.group_name = buffers, topk, group_name
+
+    @classmethod
+    def of_workspace(cls, workspace) -> ReferenceEngine:
+        buffers = {name: getattr(workspace, name) for name in PASS_BUFFERS}
+        return cls(buffers, workspace.topk, workspace.group_name)
+
+    # The collectives complete in call order and synchronise themselves, so `background` and
+    # `sync` change nothing here.
+    def pull(self, name: str, schedule, background=False, *, sync=(True, True)) -> torch.Tensor:
+        source = self.buffers[name]
+        return exchange.pull_rows(source, schedule[0], schedule[1], self.topk, self.group_name)
+
+    def pull_rounded(self, name: str, schedule, gemm, background=False, *, sync=(True, True)):
+        rounded = gemm.mx_round_both(self.pull(name, schedule))
+        return lambda: rounded
+
+    def pull_rounded_rows(
+        self, name: str, schedule, gemm, row_weights, background=False, *, sync=(True, True)
+    ):
+        rounded = experts.mx_round_d_out(gemm, self.pull(name, schedule), row_weights)
+        return lambda: rounded
+
+    def pull_router_weights(self, schedule, background=False, *, sync=(True, True)):
+        weights = self.buffers["router_weight_buffer"]
+        return exchange.pull_router_weights(weights, schedule[0], schedule[1], self.group_name)
+
+    def push_all(self, pushes, schedule, background: bool = False) -> None:
+        for rows, name in pushes:
+            destination = self.buffers[name].view(-1, *rows.shape[1:])
+            exchange.push_rows(rows, schedule.peer_rank, schedule.peer_token_idx, destination,
+                               self.group_name)  # fmt: skip
+
+    @staticmethod
+    def join() -> None:
+        return None
+
+    @staticmethod
+    def hand_back_pushed() -> None:
+        """The collectives write the given tensors themselves: nothing to copy."""
+        return None
+
+    @staticmethod
+    def routed_gemms(schedule, num_experts: int) -> experts.MaskedGemms:
+        rows = schedule[0].shape[0]
+        return experts.MaskedGemms(experts.row_experts(schedule[3], schedule[2], rows), num_experts)
+
+    def shared_gemms(self, tokens: int) -> experts.MaskedGemms:
+        device = self.buffers["x_buffer"].device
+        return experts.MaskedGemms(torch.zeros(tokens, dtype=torch.int64, device=device), 1)

@@ -1,0 +1,67 @@
+"""The reference backend's face for mok.backends' registry: the same functions as
+mok.backends.cuda.kernels, in plain PyTorch over torch.distributed (the oracle)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from mok import mxfp8
+from mok.backends.reference.engine import ReferenceEngine
+from mok.backends.reference.exchange import resolve_group
+from mok.backends.reference.schedule import routing, schedule
+
+__all__ = [
+    "all_gather_top_experts",
+    "barrier",
+    "bwd_epilogue",
+    "engine",
+    "fwd_epilogue",
+    "mxfp8_quantize",
+    "op_engine",
+    "routing",
+    "schedule",
+]
+
+mxfp8_quantize = mxfp8.quantize
+
+
+def engine(workspace) -> ReferenceEngine:
+    """mok.passes' engine on a workspace's buffers."""
+    return ReferenceEngine.of_workspace(workspace)
+
+
+def op_engine(buffers: dict[str, torch.Tensor], x_ptrs, topk: int, group_name: str):
+    """The engine of a fused op called with the original's flat arguments: the given tensors
+    themselves are the buffers (the pointer lists mean nothing off CUDA)."""
+    return ReferenceEngine(buffers, topk, group_name)
+
+
+def all_gather_top_experts(top_experts, buffer, group_name: str) -> None:
+    from mok.backends.reference import exchange
+
+    exchange.all_gather_top_experts(top_experts, buffer, group_name)
+
+
+def barrier(barrier_buffer, barrier_buffer_ptrs, target, group_name: str) -> None:
+    dist.barrier(group=resolve_group(group_name))
+    target.add_(1)
+
+
+def fwd_epilogue(y_shared, combine_buffer, topk_weights) -> torch.Tensor:
+    """out[t] = bf16(y_shared[t] + sum_j w[t, j] * combine_buffer[t * k + j]), fp32, j in order."""
+    tokens, topk = topk_weights.shape
+    routed = combine_buffer.float().reshape(tokens, topk, -1)
+    total = torch.zeros_like(routed[:, 0]) if y_shared is None else y_shared.float()
+    for slot in range(topk):
+        total = total + topk_weights[:, slot, None] * routed[:, slot]
+    return total.to(torch.bfloat16)
+
+
+def bwd_epilogue(d_x_shared, d_x_routed_buffer, topk: int) -> torch.Tensor:
+    """d_x[t] = bf16(d_x_shared[t] + sum_j d_x_routed_buffer[t * k + j]), fp32, j in order."""
+    routed = d_x_routed_buffer.float().reshape(-1, topk, d_x_routed_buffer.shape[1])
+    total = torch.zeros_like(routed[:, 0]) if d_x_shared is None else d_x_shared.float()
+    for slot in range(topk):
+        total = total + routed[:, slot]
+    return total.to(torch.bfloat16)

@@ -1,0 +1,90 @@
+"""The schedule op: the routing table -> the routed-row schedule of one destination rank."""
+
+from __future__ import annotations
+
+import torch
+from torch.library import custom_op
+
+from mok import backends
+from mok._arguments import check_multiple, check_tensor
+
+
+def schedule(
+    topk_all: torch.Tensor,
+    num_local_experts: int,
+    schedule_capacity: int,
+    rank: int,
+    status: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The routed-row schedule of destination `rank` (see reference.schedule for the order).
+
+    | output            | dtype | shape |
+    |-------------------|-------|-------|
+    | peer_rank         | int32 | [C]   |
+    | peer_token_idx    | int32 | [C]   |
+    | num_tokens        | int32 | [1]   |
+    | tokens_per_expert | int32 | [E]   |
+
+    `status` (mok; int32 [1], optional) records a capacity overflow instead of trapping. Without
+    it an overflow could not be reported, so `schedule_capacity` must then cover the worst
+    case, every route of `topk_all` to this rank (`schedule_worst_case_rows`). The op itself,
+    `torch.ops.mok.schedule` (`schedule_op`), takes `status` always: torch's custom ops cannot
+    leave out a tensor they write.
+    """
+    if status is None:
+        _check_schedule_args(topk_all, num_local_experts, schedule_capacity)
+        worst = schedule_worst_case_rows(topk_all.numel(), num_local_experts)
+        if schedule_capacity < worst:
+            raise ValueError(
+                f"`schedule_capacity` must be at least {worst} without `status` (every one of "
+                f"topk_all's {topk_all.numel()} routes to this rank, each of "
+                f"{num_local_experts} experts padded to 256 rows), got {schedule_capacity}: "
+                "pass `status` (int32 [1]) to have an overflow recorded instead"
+            )
+        status = torch.zeros(1, dtype=torch.int32, device=topk_all.device)
+    return schedule_op(topk_all, num_local_experts, schedule_capacity, rank, status)
+
+
+def schedule_worst_case_rows(routes: int, num_local_experts: int) -> int:
+    """The most rows a schedule of `routes` routes over `num_local_experts` experts can need:
+    each expert's segment is padded to a multiple of 256, so at most min(E, routes) segments
+    add at most 255 rows each."""
+    check_multiple("num_local_experts", num_local_experts, 1)
+    padded = routes + 255 * min(num_local_experts, routes)
+    return padded // 256 * 256
+
+
+def _check_schedule_args(topk_all, num_local_experts: int, schedule_capacity: int) -> None:
+    check_tensor(
+        "topk_all", topk_all, dtype=torch.int32, shape=(None, None, None), dims=("EP", "T", "k")
+    )
+    if schedule_capacity <= 0 or schedule_capacity % 256:
+        raise ValueError(
+            f"`schedule_capacity` must be a positive multiple of 256, got {schedule_capacity}"
+        )
+    check_multiple("num_local_experts", num_local_experts, 1)
+
+
+@custom_op("mok::schedule", mutates_args=("status",))
+def schedule_op(
+    topk_all: torch.Tensor,
+    num_local_experts: int,
+    schedule_capacity: int,
+    rank: int,
+    status: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`schedule` with its status word (int32 [1]) given."""
+    _check_schedule_args(topk_all, num_local_experts, schedule_capacity)
+    backend = backends.for_device(topk_all.device)
+    return backend.schedule(topk_all, num_local_experts, schedule_capacity, rank, status)
+
+
+@schedule_op.register_fake
+def _(topk_all, num_local_experts, schedule_capacity, rank, status):
+    index = topk_all.new_empty((schedule_capacity,))
+    return (
+        index,
+        torch.empty_like(index),
+        topk_all.new_empty((1,)),
+        topk_all.new_empty((num_local_experts,)),
+    )
