@@ -18,15 +18,14 @@ Problems (R received rows in E ragged segments, H hidden, I intermediate):
 | dgrad_gate_up_mx | dgrad_gate_up on W_g^T's, W_u^T's values | linear_mx_sum on the two pairs    |
 | wgrad_gate_up_mx | [d_g, d_u]^T @ x per segment, x's MXFP8 values | weight_grads_mx on x's pair  |
 
-The `_mx` problems quantize the weights once (mok's kernel) and give torch their dequantized
-bf16 values: the same products as mok's GEMM, which reads the MXFP8 pair as the MXFP8
-forward stores it (the `dgrad_*_mx` rows: the weights' transposed pairs, as the MXFP8 backward
-takes them; `wgrad_gate_up_mx`: rows rounded as the forward rounds them, x's transposed pair
-read as stored on the rows laid out as mok's schedule lays them, segments padded to 256 rows
-whose padding the row sources mark). The `_mx_f16` rows give mok's f16 GEMM
-(M_GROUPED_MXFP8_NT_F16_ROWS) the
-rows rebased (rebased_rows.rebase_rows) and the weights prepared (rebase_weight) once, outside
-the timing, as the quantization is.
+The `_mx` problems quantize the weights once (mok's kernel) and give torch their dequantized bf16
+values: the same products as mok's GEMM, which reads the MXFP8 pair as the MXFP8 forward stores it
+(the `dgrad_*_mx` rows: the weights' transposed pairs, as the MXFP8 backward takes them;
+`wgrad_gate_up_mx`: rows rounded as the forward rounds them, x's transposed pair read as stored on
+the rows laid out as mok's schedule lays them, segments padded to 256 rows whose padding the row
+sources mark). The `_mx_f16` rows give mok's f16 GEMM (M_GROUPED_MXFP8_NT_F16_ROWS) the rows
+rebased (f16_rows.rebase_rows) and the weights prepared (rebase_weight) once, outside the timing,
+as the quantization is.
 
 Each timed call runs the GEMM REPEATS times back to back, for both systems: the GPU queue stays
 fed as in a real step, so the rate is the kernels' and not the host's launch latency (mok's
@@ -40,8 +39,9 @@ from __future__ import annotations
 import harness
 import torch
 
-from mok.backends.cuda import grouped_gemm, mxfp8, rebased_rows
+from mok.backends.cuda import grouped_gemm, mxfp8
 from mok.backends.cuda import weight_grads_mx as cuda_weight_grads_mx
+from mok.backends.cuda.experimental import f16_rows, swiglu_epilogue
 
 REPEATS = 5
 
@@ -95,7 +95,7 @@ def rates(timer: harness.Timer, rows: torch.Tensor, offs: torch.Tensor, gate_up,
     problems["gate_up_swiglu"] = (
         2 * n * 2 * inter * hidden,
         lambda: _torch_swiglu(torch._grouped_mm(rows, gate_up.transpose(-2, -1), offs=offs)),
-        lambda: grouped_gemm.linear_swiglu(rows, gate_w, up_w, counts),
+        lambda: swiglu_epilogue.linear_swiglu(rows, gate_w, up_w, counts),
     )
     if mok:
         problems.update(_mx_problems(rows, h_rows, gate_up, down, offs, counts))
@@ -138,11 +138,11 @@ def _mx_problems(rows, h_rows, gate_up, down, offs, counts) -> dict:
             torch_call,
             lambda a=a, w=mx: grouped_gemm.linear_mx(a, [w], counts),
         )
-        rows, weight = rebased_rows.rebase_rows(a), rebased_rows.rebase_weight(mx)
+        rows, weight = f16_rows.rebase_rows(a), f16_rows.rebase_weight(mx)
         problems[name + "_f16"] = (
             flops,
             torch_call,
-            lambda a=rows, w=weight: rebased_rows.linear_mx_f16(a, [w], counts),
+            lambda a=rows, w=weight: f16_rows.linear_mx_f16(a, [w], counts),
         )
     return problems
 
@@ -176,9 +176,8 @@ def _mx_dgrad_problems(d_y, d_gu, gate_up, down, offs, counts) -> dict:
 
 
 def _mx_wgrad_problem(rows, d_gu, offs, counts):
-    """wgrad_gate_up_mx: (FLOPs, torch on the ragged rows' MXFP8 values, mok's K_GROUPED_MXFP8_TN
-    on the
-    same rows padded per segment to 256 as the schedule lays them, x read as its pair)."""
+    """wgrad_gate_up_mx: (FLOPs, torch on the ragged rows' MXFP8 values, mok's K_GROUPED_MXFP8_TN on
+    the same rows padded per segment to 256 as the schedule lays them, x read as its pair)."""
     padded = (counts + 255) // 256 * 256
     starts = torch.cumsum(padded, 0) - padded
     expert = torch.repeat_interleave(torch.arange(len(counts), device=rows.device), counts)

@@ -5,18 +5,17 @@
     ncu --metrics sm__cycles_elapsed.max,smsp__inst_executed.sum -k regex:^device_kernel$ \\
         --launch-skip 2 --launch-count 1 python3 benchmarks/probe_gemm.py ...
 
-The problem is a shape's (`shapes.py`) per-rank experts with `rows_per_expert` rows each:
-`gate` multiplies [rows, H] by W [E, I, H]^T, `down` [rows, I] by W [E, H, I]^T. The weight is
-quantized once (mok's `mxfp8_quantize`), and every system multiplies the same values: `kind4`
-reads the E4M3 pair as stored (`grouped_gemm.linear_mx`), `kind0` (`grouped_gemm.linear`) and
-`torch` (`torch._grouped_mm`) its `mxfp8_dequantize` bf16 values. Without `--time` the GEMM is
-launched `--launches` times (ncu profiles the last with the command above: mok's grouped GEMMs
-and `_grouped_mm` are both CUTLASS `device_kernel`s); with it, the median of 30 timings of 5
-back-to-back launches (CUDA events) and its TFLOP/s are printed. benchmarks/NOTES.md v20-v22
-compare kinds with ncu: its clock is fixed, so cycles compare across processes and sessions
-(M_GROUPED_MXFP8_NT on Qwen3.5's down: 882.2 K, 883.5 K, 884.1 K in three sessions' runs), while a
-timing
-at the power cap follows the GPU's state, which the processes run before it leave behind.
+The problem is a shape's (`shapes.py`) per-rank experts with `rows_per_expert` rows each: `gate`
+multiplies [rows, H] by W [E, I, H]^T, `down` [rows, I] by W [E, H, I]^T. The weight is quantized
+once (mok's `mxfp8_quantize`), and every system multiplies the same values: `kind4` reads the E4M3
+pair as stored (`grouped_gemm.linear_mx`), `kind0` (`grouped_gemm.linear`) and `torch`
+(`torch._grouped_mm`) its `mxfp8_dequantize` bf16 values. Without `--time` the GEMM is launched
+`--launches` times (ncu profiles the last with the command above: mok's grouped GEMMs and
+`_grouped_mm` are both CUTLASS `device_kernel`s); with it, the median of 30 timings of 5 back-to-
+back launches (CUDA events) and its TFLOP/s are printed. benchmarks/NOTES.md v20-v22 compare kinds
+with ncu: its clock is fixed, so cycles compare across processes and sessions (M_GROUPED_MXFP8_NT
+on Qwen3.5's down: 882.2 K, 883.5 K, 884.1 K in three sessions' runs), while a timing at the power
+cap follows the GPU's state, which the processes run before it leave behind.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from mok.backends.cuda import elementwise, grouped_gemm
+from mok.backends.cuda.experimental import swiglu_epilogue
 
 ROWS = torch.tensor([256, 0], dtype=torch.int32)
 NUM_TOKENS = torch.tensor([256], dtype=torch.int32)
@@ -71,12 +72,12 @@ def _t(*shape, dtype=torch.bfloat16):
         (lambda: grouped_gemm.weight_grads([(_t(256, 8), _t(256, 16))], ROWS,
                                         _t(255, dtype=torch.int32)), ValueError,
          r"`row_source` must be int32 \[R\] = \[256\], got int32 \[255\]"),
-        (lambda: grouped_gemm.linear_swiglu(_t(256, 16), _t(2, 128, 16), _t(2, 128, 8), ROWS),
+        (lambda: swiglu_epilogue.linear_swiglu(_t(256, 16), _t(2, 128, 16), _t(2, 128, 8), ROWS),
          ValueError, r"`w_up` must be tensor \[E, N, K\] = \[2, 128, 16\], got bf16 "
          r"\[2, 128, 8\]"),
-        (lambda: grouped_gemm.linear_swiglu(_t(256, 16), _t(2, 64, 16), _t(2, 64, 16), ROWS),
+        (lambda: swiglu_epilogue.linear_swiglu(_t(256, 16), _t(2, 64, 16), _t(2, 64, 16), ROWS),
          ValueError, r"linear_swiglu needs N a multiple of 128, got N=64"),
-        (lambda: grouped_gemm.linear_swiglu(_t(256, 16), _t(2, 128, 16), _t(2, 128, 16), ROWS,
+        (lambda: swiglu_epilogue.linear_swiglu(_t(256, 16), _t(2, 128, 16), _t(2, 128, 16), ROWS,
                                          limit=float("inf")), ValueError,
          r"`limit` must be None or finite and >= 0, got inf"),
         (lambda: elementwise.swiglu(_t(256, 64), _t(256, 32), NUM_TOKENS, None), ValueError,

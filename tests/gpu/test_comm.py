@@ -39,7 +39,8 @@ from comm_helpers import (
 
 from mok import status as device_status
 from mok.backends.cuda import comm as cuda_comm
-from mok.backends.cuda import extension, mxfp8, mxfp8_pulls, rebased_rows
+from mok.backends.cuda import extension, mxfp8, mxfp8_pulls
+from mok.backends.cuda.experimental import f16_rows
 from mok.backends.reference import exchange as reference_exchange
 from mok.config import MoKConfig
 from mok.functional import build_schedule
@@ -188,10 +189,10 @@ def test_pull_round_rows_is_the_pull_then_both_roundings(shape, kind, ctas, seed
 @pytest.mark.parametrize("kind", ROUTINGS)
 @pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
 def test_pull_round_rebased_rows(shape, kind, seed, workspaces):
-    """EP 1: pull_round's f16 rows rebased per row (M_GROUPED_MXFP8_NT_F16_ROWS's input) are its
-    bf16 rounded rows
-    times 2^(127 - R), R the source token's row_exponents byte (0 on padding rows), exactly,
-    with the same transposed pair; beyond EP 1 the mode is refused (it reads local tokens)."""
+    """EP 1: pull_round's f16 rows rebased per row (M_GROUPED_MXFP8_NT_F16_ROWS's input) are
+    its bf16 rounded rows times 2^(127 - R), R the source token's row_exponents byte (0 on
+    padding rows), exactly, with the same transposed pair; beyond EP 1 the mode is refused (it
+    reads local tokens)."""
     ws, gen, rng = ws_and_draws(workspaces, seed, "pull_round_rebased", shape, kind)
 
     def one_call(call: int, sched: tuple[torch.Tensor, ...]) -> list[str | None]:
@@ -205,7 +206,7 @@ def test_pull_round_rebased_rows(shape, kind, seed, workspaces):
         want, want_pair = mxfp8_pulls.pull_round(ws, "x_buffer", sched)
         live = int(sched[2].item())
         source = (sched[1][:live] // ws.topk).clamp(min=0).long()
-        tokens = rebased_rows.row_exponents(ws.x_buffer)[source]
+        tokens = f16_rows.row_exponents(ws.x_buffer)[source]
         want_exponents = torch.where(sched[0][:live] < 0, 0, tokens).to(torch.uint8)
         back = values[:live].float() * torch.exp2(exponents[:live].float() - 127)[:, None]
         what = f"rebased pull_round call {call}"

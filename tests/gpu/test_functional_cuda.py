@@ -18,7 +18,7 @@ from gpu_helpers import poison_cached_memory
 
 from mok import functional as F
 from mok import ops, passes
-from mok.backends.cuda import grouped_gemm, rebased_rows
+from mok.backends.cuda.experimental import f16_rows, swiglu_epilogue
 
 # Rank-count agnostic: the 1-rank pass runs them at EP=1, the multi-GPU pass at EP=N.
 pytestmark = [pytest.mark.gpu, pytest.mark.multi_gpu]
@@ -300,7 +300,7 @@ def _switch_changes_no_bit(nccl_group, monkeypatch, case, mode, variable, target
 def test_swiglu_epilogue_changes_no_bit(nccl_group, monkeypatch, case):
     """The gate/up GEMM with SwiGLU in its epilogue (MOK_SWIGLU_EPILOGUE=1) gives the bits of
     the GEMM + SwiGLU kernel pair; "smallest" (I = 128) runs it, as qwen3-235b-like does."""
-    target = (grouped_gemm, "linear_swiglu")
+    target = (swiglu_epilogue, "linear_swiglu")
     ran, _ = _switch_changes_no_bit(nccl_group, monkeypatch, case, "bf16",
                                     "MOK_SWIGLU_EPILOGUE", target)  # fmt: skip
     assert ran, "MOK_SWIGLU_EPILOGUE=1 did not run the SwiGLU epilogue"
@@ -309,9 +309,9 @@ def test_swiglu_epilogue_changes_no_bit(nccl_group, monkeypatch, case):
 @pytest.mark.parametrize("case", ["dsv4-like", "smallest"])
 def test_mxfp8_f16_rows_change_no_bit(nccl_group, monkeypatch, case):
     """The MXFP8 forward's gate/up GEMM on f16 rows rebased per row (M_GROUPED_MXFP8_NT_F16_ROWS,
-    MOK_MXFP8_F16=1,
-    at EP 1) gives the bits of M_GROUPED_MXFP8_NT on bf16 rows (the default) for the whole step."""
-    target = (rebased_rows, "linear_mx_f16")
+    MOK_MXFP8_F16=1, at EP 1) gives the bits of M_GROUPED_MXFP8_NT on bf16 rows (the default) for
+    the whole step."""
+    target = (f16_rows, "linear_mx_f16")
     ran, ws = _switch_changes_no_bit(nccl_group, monkeypatch, case, "mxfp8", "MOK_MXFP8_F16",
                                      target)  # fmt: skip
     assert ran == (ws.ep_size == 1), "the f16 GEMM runs at EP 1 only (rebased rows are local)"

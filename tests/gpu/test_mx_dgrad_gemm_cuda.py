@@ -1,9 +1,8 @@
 """The MXFP8 backward's data-gradient GEMMs on weights read as stored: d_h to fp32
 (grouped_gemm.linear_mx with out_dtype fp32, M_GROUPED_MXFP8_NT_F32) and d_x = a1 @ W1^T + a2 @
-W2^T in one
-accumulation (grouped_gemm.linear_mx_sum, M_GROUPED_MXFP8_NT_PAIR), against fp32 products of the
-weights'
-mxfp8_dequantize values and against the bf16 kinds they replace on those values.
+W2^T in one accumulation (grouped_gemm.linear_mx_sum, M_GROUPED_MXFP8_NT_PAIR), against fp32
+products of the weights' mxfp8_dequantize values and against the bf16 kinds they replace on those
+values.
 
 One GPU. Weights are quantized by mok's kernel from fresh random bf16 (seed printed; replay
 with MOK_TEST_SEED), their rows spanning many scale exponents. Outputs are checked whole, their

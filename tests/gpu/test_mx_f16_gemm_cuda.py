@@ -1,7 +1,6 @@
-"""The MXFP8 GEMM on f16 operands rebased per row (rebased_rows.linear_mx_f16,
-M_GROUPED_MXFP8_NT_F16_ROWS) against
-M_GROUPED_MXFP8_NT (bf16 operands) on the same MXFP8-rounded rows and weights, and the rebasing
-helpers.
+"""The MXFP8 GEMM on f16 operands rebased per row (f16_rows.linear_mx_f16,
+M_GROUPED_MXFP8_NT_F16_ROWS) against M_GROUPED_MXFP8_NT (bf16 operands) on the same MXFP8-rounded
+rows and weights, and the rebasing helpers.
 
 One GPU. Weights are quantized by mok's kernel from fresh random bf16 (seed printed; replay with
 MOK_TEST_SEED); activations are MXFP8-rounded like the forward's; outputs poisoned with NaN.
@@ -13,7 +12,8 @@ import pytest
 import torch
 from gpu_helpers import case_generator, module_seed, requires_gpu_module, spread_mxfp8_weight
 
-from mok.backends.cuda import grouped_gemm, mxfp8, rebased_rows
+from mok.backends.cuda import grouped_gemm, mxfp8
+from mok.backends.cuda.experimental import f16_rows
 
 pytestmark = [pytest.mark.gpu, requires_gpu_module(), pytest.mark.usefixtures("grouped_gemms")]
 
@@ -42,7 +42,7 @@ def _rounded_rows(gen, total, k, spread: int):
 
 def test_rebase_rows_is_exact_on_rounded_rows(seed):
     x = _rounded_rows(case_generator("rebase", seed), 512, 1024, spread=40)
-    values, exponents = rebased_rows.rebase_rows(x)
+    values, exponents = f16_rows.rebase_rows(x)
     assert values.dtype == torch.float16 and exponents.dtype == torch.uint8
     back = values.float() * torch.exp2(exponents.float() - 127)[:, None]
     assert torch.equal(back, x.float())
@@ -57,7 +57,7 @@ def test_row_exponents_follow_each_rows_largest(seed):
     x = torch.randn((300, 136), generator=gen, device="cuda")
     x = (x * 2.0 ** torch.randint(-130, 120, (300, 1), generator=gen, device="cuda")).bfloat16()
     x[3], x[7, 5] = 0.0, float("nan")
-    got = rebased_rows.row_exponents(x)
+    got = f16_rows.row_exponents(x)
     _, exponent = torch.frexp(x.float().abs().amax(dim=1))  # [2^(k-1), 2^k): k
     want = torch.where(x.isnan().any(dim=1), 241, (exponent - 1 + 113).clamp(0, 254))
     want[3] = 0
@@ -83,7 +83,7 @@ def test_rebase_weight_matches_the_scale_bytes(spread, seed):
     weight = _weight(case_generator(("rebase-weight", spread), seed), 2, 256, 512, spread=spread)
     weight.scales[1, 2, 5, 9] = 255  # a NaN scale byte
     weight.scales[0, 1, 3, 2] = 0  # 2^-127: far more than 24 binades under its row's largest
-    got = rebased_rows.rebase_weight(weight)
+    got = f16_rows.rebase_weight(weight)
     want_rows, want_factors = _reference_rebase(weight.scales)
     assert got.data.data_ptr() == weight.data.data_ptr(), "the E4M3 bytes are read as stored"
     assert torch.equal(got.row_exponents.int(), want_rows)
@@ -95,8 +95,7 @@ def test_rebase_weight_matches_the_scale_bytes(spread, seed):
 @pytest.mark.parametrize("spread", [4, 60])
 def test_matches_kind4_bit_for_bit(case, spread, seed):
     """The f16 products are M_GROUPED_MXFP8_NT's bf16 products times a power of two per row, so the
-    fp32
-    sums and the bf16 outputs are the same bits (weight rows spanning 2^+-spread, activation
+    fp32 sums and the bf16 outputs are the same bits (weight rows spanning 2^+-spread, activation
     rows 2^+-10: the products stay normal fp32 values in both kinds)."""
     rows, k, n = case
     gen = case_generator((case, spread), seed)
@@ -105,8 +104,8 @@ def test_matches_kind4_bit_for_bit(case, spread, seed):
     w1, w2 = (_weight(gen, experts, n, k, spread) for _ in range(2))
     counts = torch.tensor(rows, dtype=torch.int32, device="cuda")
     want = grouped_gemm.linear_mx(x, [w1, w2], counts)
-    rebased = [rebased_rows.rebase_weight(w) for w in (w1, w2)]
-    got = rebased_rows.linear_mx_f16(rebased_rows.rebase_rows(x), rebased, counts)
+    rebased = [f16_rows.rebase_weight(w) for w in (w1, w2)]
+    got = f16_rows.linear_mx_f16(f16_rows.rebase_rows(x), rebased, counts)
     for g, w in zip(got, want, strict=True):
         assert g.dtype == torch.bfloat16
         assert torch.equal(g, w)
@@ -121,12 +120,12 @@ def test_nan_weights_and_repeats(seed):
     x = _rounded_rows(gen, 512, 256, spread=4)
     weight = _weight(gen, 2, 128, 256, spread=4)
     weight.data.view(torch.uint8)[1, 5, 3] = 0x7F
-    a, weight = rebased_rows.rebase_rows(x), rebased_rows.rebase_weight(weight)
-    first = rebased_rows.linear_mx_f16(a, [weight], counts)[0]
+    a, weight = f16_rows.rebase_rows(x), f16_rows.rebase_weight(weight)
+    first = f16_rows.linear_mx_f16(a, [weight], counts)[0]
     assert first[256:, 5].isnan().all() and not first[:256].isnan().any()
     assert not first[256:, :5].isnan().any()
     for _ in range(5):
-        again = rebased_rows.linear_mx_f16(a, [weight], counts)[0]
+        again = f16_rows.linear_mx_f16(a, [weight], counts)[0]
         assert torch.equal(again.view(torch.int16), first.view(torch.int16))
 
 
@@ -134,21 +133,21 @@ def test_bad_arguments_raise_before_any_launch():
     counts = torch.tensor([256], dtype=torch.int32, device="cuda")
     data = torch.zeros(1, 128, 128, device="cuda").to(torch.float8_e4m3fn)
     scales = torch.zeros(1, 1, 32, 16, dtype=torch.uint8, device="cuda")
-    bf16_rows = rebased_rows.RebasedRows(
+    bf16_rows = f16_rows.RebasedRows(
         torch.zeros(256, 128, dtype=torch.bfloat16, device="cuda"),
         torch.zeros(256, dtype=torch.uint8, device="cuda"),
     )
-    weight = rebased_rows.rebase_weight((data, scales))
+    weight = f16_rows.rebase_weight((data, scales))
     with pytest.raises(TypeError, match="a.values"):
-        rebased_rows.linear_mx_f16(bf16_rows, [weight], counts)
-    short = rebased_rows.RebasedRows(bf16_rows.values.half(), bf16_rows.exponents[:100])
+        f16_rows.linear_mx_f16(bf16_rows, [weight], counts)
+    short = f16_rows.RebasedRows(bf16_rows.values.half(), bf16_rows.exponents[:100])
     with pytest.raises(ValueError, match="a.exponents"):
-        rebased_rows.linear_mx_f16(short, [weight], counts)
-    f16_rows = rebased_rows.RebasedRows(bf16_rows.values.half(), bf16_rows.exponents)
+        f16_rows.linear_mx_f16(short, [weight], counts)
+    half_rows = f16_rows.RebasedRows(bf16_rows.values.half(), bf16_rows.exponents)
     with pytest.raises(TypeError, match="must be a RebasedWeight"):
-        rebased_rows.linear_mx_f16(f16_rows, [(data, scales)], counts)
+        f16_rows.linear_mx_f16(half_rows, [(data, scales)], counts)
     with pytest.raises(ValueError, match="weight.scales"):
-        rebased_rows.rebase_weight((data, scales[:, :, :16]))
+        f16_rows.rebase_weight((data, scales[:, :, :16]))
     out = torch.zeros(256, 128, dtype=torch.bfloat16, device="cuda")
     a = bf16_rows.values.half()
     with pytest.raises(ValueError, match="`a_exponent` must be"):

@@ -1,7 +1,6 @@
 """The grouped GEMM that reads MXFP8 weights as stored (grouped_gemm.linear_mx, M_GROUPED_MXFP8_NT)
-against the
-bf16 GEMM (M_GROUPED_BF16_NT) on the same weights' mxfp8_dequantize values and against fp32
-products.
+against the bf16 GEMM (M_GROUPED_BF16_NT) on the same weights' mxfp8_dequantize values and against
+fp32 products.
 
 One GPU. Weights are quantized by mok's kernel from fresh random bf16 (seed printed; replay with
 MOK_TEST_SEED), with rows spanning many scale exponents so that every scale path is exercised;
@@ -163,9 +162,9 @@ def test_partly_used_last_tiles_give_the_whole_tiles_bits(used, kind, seed):
     """A segment whose routed rows end inside a tile, NaN in its padding rows (fewer than 256,
     as the schedule pads): the GEMM's tiles stop at the last routed row (TMA's zero fill past
     it, nothing stored there), so the padding rows must be zero and the routed rows must have
-    the bits of the same segment computed whole with zero rows there (M_GROUPED_MXFP8_NT: bf16 D,
-    M_GROUPED_MXFP8_NT_F32:
-    fp32 D, M_GROUPED_BF16_NT: the bf16 GEMM on the dequantized weight)."""
+    the bits of the same segment computed whole with zero rows there (M_GROUPED_MXFP8_NT: bf16
+    D, M_GROUPED_MXFP8_NT_F32: fp32 D, M_GROUPED_BF16_NT: the bf16 GEMM on the dequantized
+    weight)."""
     rows, k, n = [-(-used // 256) * 256, 256], 512, 384
     gen = case_generator(("partly used", used, kind), seed)
     total = sum(rows)

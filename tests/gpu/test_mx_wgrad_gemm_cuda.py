@@ -1,7 +1,6 @@
 """The MXFP8 backward's weight gradients on an activation read as stored (grouped GEMM
-K_GROUPED_MXFP8_TN,
-cuda_weight_grads_mx.weight_grads_mx): d_out[seg]^T @ x[seg] per expert with x given as its
-transposed MXFP8 pair (blocks of 32 rows), against fp32 products of the pair's
+K_GROUPED_MXFP8_TN, cuda_weight_grads_mx.weight_grads_mx): d_out[seg]^T @ x[seg] per expert with x
+given as its transposed MXFP8 pair (blocks of 32 rows), against fp32 products of the pair's
 mxfp8_dequantize values and against the bf16 weight-gradient kind (3) on those values.
 
 One GPU. x is rounded by mok's kernel (mxfp8.mxfp8_round, the forward's pull-and-round) from

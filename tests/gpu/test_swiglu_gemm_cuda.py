@@ -1,8 +1,7 @@
-"""The forward's gate/up GEMM with SwiGLU in its epilogue (grouped_gemm.linear_swiglu,
-M_GROUPED_BF16_NT_SWIGLU)
-against the two steps it replaces: the bf16 GEMM (M_GROUPED_BF16_NT) over gate and up, then mok's
-SwiGLU
-kernel on their bf16 values. The fused kernel must give their bits, clamp or not.
+"""The forward's gate/up GEMM with SwiGLU in its epilogue (experimental: linear_swiglu,
+M_GROUPED_BF16_NT_SWIGLU) against the two steps it replaces: the bf16 GEMM (M_GROUPED_BF16_NT)
+over gate and up, then mok's SwiGLU kernel on their bf16 values. The fused kernel must give their
+bits, clamp or not.
 
 One GPU. Fresh random data every run (seed printed; replay with MOK_TEST_SEED); every output
 is poisoned with NaN before the launch, so a row or column the kernel skips shows.
@@ -15,6 +14,7 @@ import torch
 from gpu_helpers import module_seed, requires_gpu_module, skip_without_grouped_gemms
 
 from mok.backends.cuda import elementwise, grouped_gemm
+from mok.backends.cuda.experimental import swiglu_epilogue
 
 pytestmark = [pytest.mark.gpu, requires_gpu_module()]
 
@@ -108,7 +108,7 @@ def test_padding_rows_are_skipped_and_repeats_are_identical(seed):
 def test_linear_swiglu_entry_point(seed):
     """The public form allocates its outputs and gives the same bits."""
     a, gate_w, up_w, counts = _operands(CASES[1], seed)
-    got = grouped_gemm.linear_swiglu(a, gate_w, up_w, counts, limit=3.0)
+    got = swiglu_epilogue.linear_swiglu(a, gate_w, up_w, counts, limit=3.0)
     want = _unfused(a, gate_w, up_w, counts, 3.0)
     assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
 
@@ -118,10 +118,10 @@ def test_bad_arguments_raise_before_any_launch():
     a = torch.zeros(256, 128, dtype=torch.bfloat16, device="cuda")
     w = torch.zeros(1, 192, 128, dtype=torch.bfloat16, device="cuda")
     with pytest.raises(ValueError, match="N a multiple of 128, got N=192"):
-        grouped_gemm.linear_swiglu(a, w, w, counts)
+        swiglu_epilogue.linear_swiglu(a, w, w, counts)
     w = torch.zeros(1, 128, 128, dtype=torch.bfloat16, device="cuda")
     with pytest.raises(ValueError, match="`limit` must be None or finite and >= 0"):
-        grouped_gemm.linear_swiglu(a, w, w, counts, limit=-1.0)
+        swiglu_epilogue.linear_swiglu(a, w, w, counts, limit=-1.0)
     out = torch.zeros(256, 128, dtype=torch.bfloat16, device="cuda")
     with pytest.raises(ValueError, match="M_GROUPED_BF16_NT_SWIGLU needs the up set"):
         grouped_gemm._launch(grouped_gemm.Kind.M_GROUPED_BF16_NT_SWIGLU, [(a, w, out)], counts,

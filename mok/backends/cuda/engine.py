@@ -130,7 +130,7 @@ class CudaEngine:
         it after the join. At EP 1 or in the foreground one kernel (mxfp8_pulls; the GEMM
         engines round as it does, routed_gemms.CudaMxfp8) pulls and rounds, so the pulled
         rows are never stored; at EP 1, for GEMMs that read them (`reads_rebased_rows`), as f16
-        rows rebased per row (rebased_rows.RebasedRows). In the background (beside weight
+        rows rebased per row (f16_rows.RebasedRows). In the background (beside weight
         dequantization) it pulls on a few CTAs and rounds when called: the one-pass kernel on a
         limited grid was slower there (docs/exchanges.md)."""
         rebased = self.ws.ep_size == 1 and getattr(gemm, "reads_rebased_rows", False)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import enum
 import functools
-import math
 from typing import NamedTuple
 
 import torch
@@ -23,8 +22,6 @@ from mok._arguments import check_tensor
 from mok.backends.cuda import extension
 
 _BF16 = torch.bfloat16
-# M_GROUPED_BF16_NT_SWIGLU's tiles put 128 gate columns beside the same 128 up columns.
-SWIGLU_TILE_COLUMNS = 128
 
 
 class MxWeight(NamedTuple):
@@ -109,13 +106,11 @@ def _launch(
     limit=None,
     exponents=None,
 ) -> None:
-    """sets: one or two (a, b, d) tuples of contiguous 16-byte aligned tensors (the *_PAIR
-    variants: the second set's d None); row_source: None or int32 [R] (R = the first
-    operand's rows) on the device; b_scales: the M_GROUPED_MXFP8_* variants' scale tiles of each
-    set's b;
-    hidden and limit: M_GROUPED_BF16_NT_SWIGLU's third output and SwiGLU clamp; exponents:
-    M_GROUPED_MXFP8_NT_F16_ROWS's
-    (a's row exponents, [each b's row exponents])."""
+    """sets: one or two (a, b, d) tuples of contiguous 16-byte aligned tensors (the *_PAIR variants:
+    the second set's d None); row_source: None or int32 [R] (R = the first operand's rows) on the
+    device; b_scales: the M_GROUPED_MXFP8_* variants' scale tiles of each set's b; hidden and
+    limit: M_GROUPED_BF16_NT_SWIGLU's third output and SwiGLU clamp; exponents:
+    M_GROUPED_MXFP8_NT_F16_ROWS's (a's row exponents, [each b's row exponents])."""
     device = rows.device
     if row_source is not None:
         check_tensor("row_source", row_source, dtype=torch.int32, shape=[sets[0][0].shape[0]],
@@ -214,8 +209,7 @@ def linear(
 
 def _linear(kind: Kind, a, weights, rows, row_source, zero_rest, scales=(), exponents=None):
     """One launch of M_GROUPED_BF16_NT or M_GROUPED_MXFP8_NT* on checked operands -> [R, N] per
-    weight (fp32 for
-    M_GROUPED_MXFP8_NT_F32, bf16 otherwise)."""
+    weight (fp32 for M_GROUPED_MXFP8_NT_F32, bf16 otherwise)."""
     a = a if kind == Kind.M_GROUPED_MXFP8_NT_F16_ROWS else _bf16(a)
     dtype = torch.float32 if kind == Kind.M_GROUPED_MXFP8_NT_F32 else _BF16
     outs = [a.new_empty((a.shape[0], w.shape[1]), dtype=dtype) for w in weights]
@@ -224,36 +218,6 @@ def _linear(kind: Kind, a, weights, rows, row_source, zero_rest, scales=(), expo
     _launch(kind, sets, rows, weights[0].shape[1], a.shape[1], total_rows, row_source, scales,
             exponents=exponents)  # fmt: skip
     return outs
-
-
-def linear_swiglu(
-    a: torch.Tensor,
-    w_gate: torch.Tensor,
-    w_up: torch.Tensor,
-    rows: torch.Tensor,
-    limit: float | None = None,
-    row_source=None,
-    zero_rest: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The forward's gate and up GEMMs with SwiGLU in their epilogue, one launch: (gate, up,
-    hidden) bf16 [R, N] each for w_gate, w_up [E, N, K], N a multiple of 128. The bits of
-    `linear(a, [w_gate, w_up], ...)` followed by mok's `swiglu(gate, up, limit)`: hidden is
-    silu(min(gate, L)) * clamp(up, -L, L) of the bf16 gate and up. Rows as in `linear`."""
-    experts = _experts(rows, a)
-    n = w_gate.shape[1] if w_gate.dim() == 3 else None
-    for name, w in (("w_gate", w_gate), ("w_up", w_up)):
-        _shaped(name, w, [experts, n, a.shape[1]], "E N K", a.device)
-    if n % SWIGLU_TILE_COLUMNS:
-        raise ValueError(f"linear_swiglu needs N a multiple of {SWIGLU_TILE_COLUMNS}, got N={n}")
-    if limit is not None and not (math.isfinite(limit) and limit >= 0):
-        raise ValueError(f"`limit` must be None or finite and >= 0, got {limit}")
-    a = _bf16(a)
-    gate, up, hidden = (a.new_empty((a.shape[0], n)) for _ in range(3))
-    sets = [(a, _bf16(w_gate), gate), (a, _bf16(w_up), up)]
-    total_rows = a.shape[0] if zero_rest else 0
-    _launch(Kind.M_GROUPED_BF16_NT_SWIGLU, sets, rows, n, a.shape[1], total_rows, row_source,
-            hidden=hidden, limit=limit)  # fmt: skip
-    return gate, up, hidden
 
 
 def linear_mx(
@@ -299,8 +263,7 @@ def mx_weight_operands(
 ):
     """The checked, aligned (data, scales) lists of MXFP8 weights for activations `a` [R, K]
     (`scale_dtype` torch.int16: M_GROUPED_MXFP8_NT_F16_ROWS's f16 factor tiles in the scales'
-    place); `item` names
-    weight i in errors."""
+    place); `item` names weight i in errors."""
     _check_sets("weights", weights)
     experts = _experts(rows, a)
     k = a.shape[1]

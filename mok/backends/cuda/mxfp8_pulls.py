@@ -16,8 +16,9 @@ from __future__ import annotations
 import torch
 
 from mok._arguments import check_tensor
-from mok.backends.cuda import mxfp8, rebased_rows
+from mok.backends.cuda import mxfp8
 from mok.backends.cuda.comm import _PULL_SOURCES, _buffer, _schedule_rows, run_pull
+from mok.backends.cuda.experimental import f16_rows
 from mok.workspace import MoKWorkspace
 
 _TILE = 128
@@ -42,10 +43,10 @@ def pull_round(
     many CTAs (an exchange in the background); None gives one per 128 x 128 tile. Barriers as
     in `pull_rows`.
 
-    `rebased` (EP 1): `values` is a rebased_rows.RebasedRows instead, the same values as f16
-    times 2^(127 - R) with R the exponent byte of the source token (rebased_rows.row_exponents
+    `rebased` (EP 1): `values` is a f16_rows.RebasedRows instead, the same values as f16
+    times 2^(127 - R) with R the exponent byte of the source token (f16_rows.row_exponents
     of the source buffer, one more pass over the T local tokens), the MXFP8 GEMM on f16
-    operands' input (rebased_rows.linear_mx_f16).
+    operands' input (f16_rows.linear_mx_f16).
     """
     source, schedule_rows, (rows, cols) = _tiled_pull(ws, source_buffer_name, schedule, num_ctas)
     if rebased and ws.ep_size != 1:
@@ -55,17 +56,17 @@ def pull_round(
     data_t, scale_t = mxfp8.mxfp8_layout((cols, rows), ws.device)
     exponents = {}
     if rebased:
-        storage = torch.empty(rows + rebased_rows.EXPONENT_PADDING, dtype=torch.uint8,
+        storage = torch.empty(rows + f16_rows.EXPONENT_PADDING, dtype=torch.uint8,
                               device=ws.device)  # fmt: skip
         exponents = {
-            "src_exponents": rebased_rows.row_exponents(source).data_ptr(),
+            "src_exponents": f16_rows.row_exponents(source).data_ptr(),
             "row_exponents": storage.data_ptr(),
         }
     sync = (sync_before, sync_after)
     _run_pull_round(ws, (source_buffer_name, source), schedule_rows, sync, num_ctas, values,
                     out_t=data_t.data_ptr(), scale_t=scale_t.data_ptr(), **exponents)  # fmt: skip
     if rebased:
-        values = rebased_rows.RebasedRows(values, storage[:rows])
+        values = f16_rows.RebasedRows(values, storage[:rows])
     return values, (data_t, scale_t)
 
 

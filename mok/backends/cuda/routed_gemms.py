@@ -15,8 +15,9 @@ from __future__ import annotations
 import torch
 
 from mok import settings
-from mok.backends.cuda import elementwise, grouped_gemm, mxfp8, rebased_rows, weight_grads_mx
+from mok.backends.cuda import elementwise, grouped_gemm, mxfp8, weight_grads_mx
 from mok.backends.cuda.dense_gemms import CudaElementwise, transposed_view
+from mok.backends.cuda.experimental import f16_rows, swiglu_epilogue
 from mok.experts import ExpertEngine
 
 
@@ -119,9 +120,9 @@ class HopperGemms(CudaMxfp8, CudaElementwise, ExpertEngine):
 
     def linears(self, a, weights) -> list[torch.Tensor]:
         weights = list(weights)
-        if isinstance(a, rebased_rows.RebasedRows):  # MXFP8 weights, prepared per call
-            rebased = [rebased_rows.rebase_weight(w) for w in weights]
-            return rebased_rows.linear_mx_f16(a, rebased, self.rows, self.row_source, False)
+        if isinstance(a, f16_rows.RebasedRows):  # MXFP8 weights, prepared per call
+            rebased = [f16_rows.rebase_weight(w) for w in weights]
+            return f16_rows.linear_mx_f16(a, rebased, self.rows, self.row_source, False)
         if isinstance(weights[0], grouped_gemm.MxWeight):
             return grouped_gemm.linear_mx(a, weights, self.rows, self.row_source, zero_rest=False)
         return grouped_gemm.linear(a, weights, self.rows, self.row_source, zero_rest=False)
@@ -131,9 +132,9 @@ class HopperGemms(CudaMxfp8, CudaElementwise, ExpertEngine):
         in its epilogue: the same bits as the GEMMs + `swiglu`. Off by default (experimental):
         slower than the two steps on every GPU measured, the epilogue's arithmetic running while
         the tensor cores idle (docs/grouped-gemm.md)."""
-        if not self.swiglu_epilogue or w_gate.shape[1] % grouped_gemm.SWIGLU_TILE_COLUMNS:
+        if not self.swiglu_epilogue or w_gate.shape[1] % swiglu_epilogue.SWIGLU_TILE_COLUMNS:
             return super().gate_up_swiglu(a, w_gate, w_up, limit)
-        return grouped_gemm.linear_swiglu(
+        return swiglu_epilogue.linear_swiglu(
             a, w_gate, w_up, self.rows, limit, self.row_source, zero_rest=False
         )
 

@@ -51,10 +51,9 @@ def row_exponents(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Ten
 
 def rebase_rows(x: torch.Tensor) -> RebasedRows:
     """bf16 x [R, K] as RebasedRows (exponents by `row_exponents`, with the padding
-    M_GROUPED_MXFP8_NT_F16_ROWS
-    reads past them); exact for rows whose nonzero magnitudes are at least 2^-31 of the row's
-    largest (scaled, their 8 bits stay above f16's subnormal spacing 2^-24): every
-    MXFP8-rounded row whose blocks' scales span at most ~21 binades."""
+    M_GROUPED_MXFP8_NT_F16_ROWS reads past them); exact for rows whose nonzero magnitudes are at
+    least 2^-31 of the row's largest (scaled, their 8 bits stay above f16's subnormal spacing
+    2^-24): every MXFP8-rounded row whose blocks' scales span at most ~21 binades."""
     storage = torch.empty(x.shape[0] + EXPONENT_PADDING, dtype=torch.uint8, device=x.device)
     exponents = row_exponents(x, storage[: x.shape[0]])
     scale = torch.exp2(127 - exponents.float())[:, None]
@@ -62,10 +61,9 @@ def rebase_rows(x: torch.Tensor) -> RebasedRows:
 
 
 def padded_exponents(exponents: torch.Tensor) -> torch.Tensor:
-    """`exponents` if M_GROUPED_MXFP8_NT_F16_ROWS may read EXPONENT_PADDING bytes past them
-    (16-byte aligned,
-    contiguous, with that much of their storage left: rebase_rows's and pull_round's), else
-    a padded copy."""
+    """`exponents` if M_GROUPED_MXFP8_NT_F16_ROWS may read EXPONENT_PADDING bytes past them (16-byte
+    aligned, contiguous, with that much of their storage left: rebase_rows's and pull_round's),
+    else a padded copy."""
     spare = exponents.untyped_storage().nbytes() - exponents.storage_offset() - exponents.numel()
     if exponents.is_contiguous() and exponents.data_ptr() % 16 == 0 and spare >= EXPONENT_PADDING:
         return exponents
@@ -76,9 +74,9 @@ def padded_exponents(exponents: torch.Tensor) -> torch.Tensor:
 
 class RebasedWeight(NamedTuple):
     """An MXFP8 weight as M_GROUPED_MXFP8_NT_F16_ROWS reads it: `data` float8_e4m3fn [E, N, K] as
-    stored, `factors`
-    int16 (f16 bits) in the scale tiles' layout [E*N/128, K/128, 32, 16], each block's
-    2^(E - R) for scale byte E of a row with exponent byte R, and `row_exponents` uint8 [E*N]."""
+    stored, `factors` int16 (f16 bits) in the scale tiles' layout [E*N/128, K/128, 32, 16], each
+    block's 2^(E - R) for scale byte E of a row with exponent byte R, and `row_exponents` uint8
+    [E*N]."""
 
     data: torch.Tensor
     factors: torch.Tensor
