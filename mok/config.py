@@ -20,6 +20,12 @@ class MoKConfig:
     | macrobatch_size                    | routed rows in the ring buffer (multiple of minibatch)|
     | schedule_capacity_multiplier       | routed rows per rank: see schedule_capacity          |
     | all_gather_top_experts_chunk_bytes | chunk of the routing all-gather (multiple of 16)     |
+
+    Today only `schedule_capacity_multiplier` changes what runs. The other five are checked
+    and passed to the ops as the original's callers expect, but nothing reads them yet: mok's
+    stages run one after another, and the overlapped engine that gives them their meaning is
+    still to come. Tuning them changes neither speed nor bits. mok's own process-wide switches
+    are environment variables, parsed in mok.settings.
     """
 
     fwd_num_comm_sms: int = 40
