@@ -6,9 +6,9 @@ and the reference for everything else; `reference` forces the pure-PyTorch oracl
 NotImplementedError naming its compute capability and the archs the wheel carries (auto and
 cuda alike), so nothing silently falls back to the slow path.
 
-Both backends are modules with the same functions (`mok.backends.reference.kernels`,
-`mok.backends.cuda.kernels`): the ops and the functional API call `for_device(device).<name>`
-and never test which backend they got.
+Both backends are modules with the same functions, BACKEND_FUNCTIONS
+(`mok.backends.reference.kernels`, `mok.backends.cuda.kernels`): the ops and the functional API
+call `for_device(device).<name>` and never test which backend they got.
 """
 
 from __future__ import annotations
@@ -18,6 +18,10 @@ from types import ModuleType
 import torch
 
 from mok import settings
+
+# What every backend module offers (tests/cpu/test_backends.py holds both to it).
+BACKEND_FUNCTIONS = ("routing", "schedule", "all_gather_top_experts", "barrier", "engine",
+                     "op_engine", "mxfp8_quantize", "fwd_epilogue", "bwd_epilogue")  # fmt: skip
 
 
 def uses_cuda(device: torch.device) -> bool:

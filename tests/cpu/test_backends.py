@@ -45,6 +45,14 @@ def test_reference_engine_off_cuda(monkeypatch):
     assert isinstance(engine, ReferenceEngine)
 
 
+@pytest.mark.parametrize("backend", [reference_kernels, cuda_kernels], ids=["reference", "cuda"])
+def test_each_backend_offers_every_function(backend):
+    missing = [
+        name for name in backends.BACKEND_FUNCTIONS if not callable(getattr(backend, name, None))
+    ]
+    assert missing == []
+
+
 def test_the_registry_hands_out_the_reference_while_tracing(monkeypatch):
     monkeypatch.setattr(backends, "uses_cuda", lambda device: True)
     assert backends.for_device(CUDA, traced=True) is reference_kernels

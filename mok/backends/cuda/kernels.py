@@ -13,22 +13,7 @@ import torch
 
 from mok.backends.cuda import comm
 from mok.backends.cuda.engine import CudaEngine
-from mok.backends.cuda.epilogue import bwd_epilogue, fwd_epilogue
-from mok.backends.cuda.mxfp8 import mxfp8_quantize
-from mok.backends.cuda.schedule import routing, schedule
 from mok.workspace import MoKWorkspace, workspace_for
-
-__all__ = [
-    "all_gather_top_experts",
-    "barrier",
-    "bwd_epilogue",
-    "engine",
-    "fwd_epilogue",
-    "mxfp8_quantize",
-    "op_engine",
-    "routing",
-    "schedule",
-]
 
 
 def _workspace(group_name: str, name: str, tensor: torch.Tensor, ptrs=None) -> MoKWorkspace:

@@ -9,19 +9,6 @@ import torch.distributed as dist
 from mok import mxfp8
 from mok.backends.reference.engine import ReferenceEngine
 from mok.backends.reference.exchange import resolve_group
-from mok.backends.reference.schedule import routing, schedule
-
-__all__ = [
-    "all_gather_top_experts",
-    "barrier",
-    "bwd_epilogue",
-    "engine",
-    "fwd_epilogue",
-    "mxfp8_quantize",
-    "op_engine",
-    "routing",
-    "schedule",
-]
 
 mxfp8_quantize = mxfp8.quantize
 
