@@ -46,11 +46,14 @@ def grouped_linear(a: torch.Tensor, weight: torch.Tensor, row_expert: torch.Tens
 
 
 def grouped_weight_grad(d_out: torch.Tensor, a: torch.Tensor, row_expert, num_experts: int):
-    """fp32 `sum over rows of expert e: d_out[i]^T a[i]` -> [E, N, K], in fixed row order."""
+    """fp32 `sum over rows of expert e: d_out[i]^T a[i]` -> [E, N, K], in fixed row order.
+    Both operands are masked to the expert's rows: a non-finite value in another expert's row
+    must not reach this expert's gradient through 0 * NaN."""
     grads = []
+    d_out, a = d_out.float(), a.float()
     for expert in range(num_experts):
         rows = (row_expert == expert)[:, None]
-        grads.append(torch.where(rows, d_out.float(), 0.0).T @ a.float())
+        grads.append(torch.where(rows, d_out, 0.0).T @ torch.where(rows, a, 0.0))
     return torch.stack(grads)
 
 

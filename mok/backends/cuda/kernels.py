@@ -11,9 +11,16 @@ from __future__ import annotations
 
 import torch
 
-from mok.backends.cuda import comm
+from mok.backends.cuda import comm, epilogue, mxfp8
+from mok.backends.cuda import schedule as schedule_stage
 from mok.backends.cuda.engine import CudaEngine
 from mok.workspace import MoKWorkspace, workspace_for
+
+routing = schedule_stage.routing
+schedule = schedule_stage.schedule
+mxfp8_quantize = mxfp8.mxfp8_quantize
+fwd_epilogue = epilogue.fwd_epilogue
+bwd_epilogue = epilogue.bwd_epilogue
 
 
 def _workspace(group_name: str, name: str, tensor: torch.Tensor, ptrs=None) -> MoKWorkspace:

@@ -7,10 +7,13 @@ import torch
 import torch.distributed as dist
 
 from mok import mxfp8
+from mok.backends.reference import schedule as schedule_stage
 from mok.backends.reference.engine import ReferenceEngine
 from mok.backends.reference.exchange import resolve_group
 
 mxfp8_quantize = mxfp8.quantize
+routing = schedule_stage.routing
+schedule = schedule_stage.schedule
 
 
 def engine(workspace) -> ReferenceEngine:

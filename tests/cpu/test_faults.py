@@ -1,0 +1,39 @@
+"""Faults stay contained (issue 48): a bad value reaches only what float64 autograd says it
+reaches, on the reference backend at EP 1."""
+
+from __future__ import annotations
+
+import torch
+
+from mok import functional as F
+
+TOKENS, HIDDEN, INTER, EXPERTS, TOPK = 8, 128, 128, 4, 1
+
+
+def _weights(gen):
+    def w(*shape):
+        return (torch.randn(*shape, generator=gen) / shape[-1] ** 0.5).bfloat16()
+
+    return w(EXPERTS, INTER, HIDDEN), w(EXPERTS, INTER, HIDDEN), w(EXPERTS, HIDDEN, INTER)
+
+
+def test_a_non_finite_token_reaches_only_its_experts_weight_gradients(single_rank_group):
+    """Token 0 holds a NaN and goes to expert 0 alone; experts 1-3 keep finite gradients
+    (the masked weight-gradient product once let 0 * NaN into every expert's)."""
+    gen = torch.Generator().manual_seed(0)
+    config = F.MoKConfig()
+    ws = F.create_workspace(config, single_rank_group, device="cpu", num_local_tokens=TOKENS,
+                            hidden_size=HIDDEN, topk=TOPK)  # fmt: skip
+    top = torch.tensor([[0], [1], [2], [3], [1], [2], [3], [1]])
+    x = torch.randn(TOKENS, HIDDEN, generator=gen).bfloat16()
+    x[0, 5] = float("nan")
+    rw = torch.rand(TOKENS, TOPK, generator=gen)
+    routed = _weights(gen)
+    schedule = F.build_schedule(ws, config, top, num_local_experts=EXPERTS)
+    out, ctx = F.forward(config, ws, schedule, x, rw, None, None, None, *routed)
+    grad = torch.randn(TOKENS, HIDDEN, generator=gen).bfloat16()
+    grads = F.backward(config, ws, schedule, ctx, grad, x, rw, None, None, None, *routed)
+    for name, g in zip(("gate", "up", "down"), grads[2:5], strict=True):
+        assert not torch.isfinite(g[0]).all(), f"d_{name}[0] should see the NaN token"
+        assert torch.isfinite(g[1:]).all(), f"d_{name} of experts 1-3 got the NaN"
+    assert torch.isfinite(out[1:]).all() and torch.isfinite(grads[0][1:]).all()
