@@ -71,7 +71,8 @@ class MoKConfig:
         extra routes contribute zero. EP <= 2 and multiplier >= 1 can never overflow.
         """
         routes = ep_size * num_local_tokens * topk
-        wanted = max(
-            math.ceil(self.schedule_capacity_multiplier * routes), 2 * num_local_tokens * topk
-        )
+        multiplier = self.schedule_capacity_multiplier
+        # At 1 or more the worst case bounds it; a huge multiplier must not overflow on the way.
+        share = routes if multiplier >= 1 else math.ceil(multiplier * routes)
+        wanted = max(share, 2 * num_local_tokens * topk)
         return -(-min(wanted, routes) // 256) * 256

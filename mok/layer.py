@@ -13,9 +13,9 @@ from torch import nn
 
 from mok import functional as F
 from mok import ops
-from mok._arguments import check_multiple, check_range, check_tensor, describe
+from mok._arguments import check_multiple, check_range, check_tensor, check_type, describe
 from mok._moe_arguments import check_limit
-from mok.workspace import MAX_TOPK
+from mok.workspace import MAX_TOPK, as_device
 
 
 class MoEFunction(torch.autograd.Function):
@@ -103,6 +103,13 @@ class MoELayer(nn.Module):
         check_multiple("intermediate_size", intermediate_size, 128)
         check_range("topk", topk, 1, MAX_TOPK)
         check_limit(swiglu_limit)
+        for name, value in (("shared_expert", shared_expert), ("mxfp8", mxfp8)):
+            check_type(name, value, bool)
+        if group is not None:
+            check_type("group", group, dist.ProcessGroup)
+        if config is not None:
+            check_type("config", config, F.MoKConfig)
+        device = None if device is None else as_device(device)
         ep_size = dist.get_world_size(group) if dist.is_initialized() else 1
         if isinstance(num_experts, bool) or not isinstance(num_experts, int):
             raise TypeError(f"`num_experts` must be an int, got {describe(num_experts)}")

@@ -95,7 +95,7 @@ def _require_initialized() -> None:
         )
 
 
-def _as_device(device) -> torch.device:
+def as_device(device) -> torch.device:
     """A CPU (gloo, reference backend) or CUDA device; anything else is named in the error."""
     try:
         device = torch.device(device)
@@ -103,6 +103,8 @@ def _as_device(device) -> torch.device:
         raise ValueError(f"`device` must name a CPU or CUDA device, got {device!r}") from error
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"`device` must be a CPU or CUDA device, got {device}")
+    if device.type == "cpu" and device.index not in (None, 0):
+        raise ValueError(f"`device` must be 'cpu' (there is one CPU device), got {device}")
     return device
 
 
@@ -122,7 +124,7 @@ def validate_workspace_args(
     if not isinstance(group, dist.ProcessGroup):
         raise TypeError(f"`group` must be a torch.distributed ProcessGroup, got {describe(group)}")
     check_range("ep_size (the group's size)", dist.get_world_size(group), 1, MAX_EP_SIZE)
-    device = _as_device(device)
+    device = as_device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     if device.type == "cuda":

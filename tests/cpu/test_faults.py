@@ -3,8 +3,10 @@ reaches, on the reference backend at EP 1."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from mok import MoELayer
 from mok import functional as F
 
 TOKENS, HIDDEN, INTER, EXPERTS, TOPK = 8, 128, 128, 4, 1
@@ -37,3 +39,30 @@ def test_a_non_finite_token_reaches_only_its_experts_weight_gradients(single_ran
         assert not torch.isfinite(g[0]).all(), f"d_{name}[0] should see the NaN token"
         assert torch.isfinite(g[1:]).all(), f"d_{name} of experts 1-3 got the NaN"
     assert torch.isfinite(out[1:]).all() and torch.isfinite(grads[0][1:]).all()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"group": "x"}, TypeError, r"`group` must be a ProcessGroup, got str"),
+        ({"config": "bogus"}, TypeError, r"`config` must be a MoKConfig, got str"),
+        ({"mxfp8": "no"}, TypeError, r"`mxfp8` must be a bool, got str"),
+        ({"shared_expert": 1}, TypeError, r"`shared_expert` must be a bool, got int"),
+        ({"device": "cpu:1"}, ValueError, r"`device` must be 'cpu' \(there is one CPU device\)"),
+    ],
+    ids=["group", "config", "mxfp8", "shared_expert", "device"],
+)
+def test_layer_arguments_are_checked_at_construction(single_rank_group, kwargs, error, message):
+    with pytest.raises(error, match=message):
+        MoELayer(HIDDEN, INTER, EXPERTS, TOPK, **kwargs)
+
+
+def test_a_huge_capacity_multiplier_is_the_worst_case():
+    """multiplier * EP * T * k once overflowed (math.ceil of inf) with an error naming nothing;
+    from 1 up the capacity is the worst case, EP * T * k rows."""
+    config = F.MoKConfig(schedule_capacity_multiplier=1e308)
+    assert (
+        config.schedule_capacity(8, 512, 8)
+        == F.MoKConfig(schedule_capacity_multiplier=1.0).schedule_capacity(8, 512, 8)
+        == 8 * 512 * 8
+    )
