@@ -151,7 +151,7 @@ def build_schedule(
     result = schedule(gathered, num_local_experts, rows, ws.ep_rank, ws.status)
     if settings.debug():
         device_status.check(ws.status)
-    return MoKSchedule(*result, routes=routing if _keeps_every_route(ws) else None)
+    return MoKSchedule(*result, routes=routing, routes_complete=_keeps_every_route(ws))
 
 
 def _keeps_every_route(ws: MoKWorkspace) -> bool:
@@ -235,9 +235,17 @@ def forward(
     (x_routed, gate, up, hidden), (gate_s, up_s, hidden_s, y_shared) = saved, shared_out
     ctx = MoKForwardContext(x_routed, gate_s, gate, up_s, up, hidden_s, hidden)
     epilogue = _eager_backend_or(ops.fwd_epilogue, "fwd_epilogue", ws.device)
-    output = epilogue(y_shared, ws.combine_buffer, router_weights)
+    output = epilogue(y_shared, ws.combine_buffer, _valid_route_weights(schedule, router_weights))
     _debug_check(ws)
     return output, ctx
+
+
+def _valid_route_weights(schedule: MoKSchedule, router_weights: torch.Tensor) -> torch.Tensor:
+    """The router weights with those of invalid routes zeroed: such a route's combined row is
+    zero, and a NaN or Inf weight would otherwise make the token's output NaN (0 * NaN)."""
+    if schedule.routes is None:
+        return router_weights
+    return torch.where(schedule.routes >= 0, router_weights, 0.0)
 
 
 def _shared(gate, up, down):

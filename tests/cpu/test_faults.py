@@ -66,3 +66,25 @@ def test_a_huge_capacity_multiplier_is_the_worst_case():
         == F.MoKConfig(schedule_capacity_multiplier=1.0).schedule_capacity(8, 512, 8)
         == 8 * 512 * 8
     )
+
+
+@pytest.mark.parametrize("weight", [float("nan"), float("inf")], ids=["nan", "inf"])
+def test_an_invalid_route_contributes_zero_whatever_its_weight(single_rank_group, weight):
+    """Expert id 99 does not exist: the route adds exactly nothing, even with a NaN or Inf
+    router weight (its weight once multiplied the zero row into NaN)."""
+    gen = torch.Generator().manual_seed(1)
+    config = F.MoKConfig()
+    ws = F.create_workspace(config, single_rank_group, device="cpu", num_local_tokens=TOKENS,
+                            hidden_size=HIDDEN, topk=2)  # fmt: skip
+    top = torch.tensor([[0, 99], [1, 2], [2, 3], [3, 0]] * 2)
+    x = torch.randn(TOKENS, HIDDEN, generator=gen).bfloat16()
+    rw = torch.rand(TOKENS, 2, generator=gen)
+    routed = _weights(gen)
+    outs = []
+    for bad in (weight, 0.0):
+        rw[0, 1] = bad
+        schedule = F.build_schedule(ws, config, top, num_local_experts=EXPERTS)
+        outs.append(F.forward(config, ws, schedule, x, rw, None, None, None, *routed)[0])
+    ws.status.zero_()
+    assert torch.isfinite(outs[0]).all()
+    assert torch.equal(outs[0], outs[1])

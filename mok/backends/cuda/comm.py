@@ -94,9 +94,9 @@ def _buffer(ws: MoKWorkspace, name: str, allowed: tuple[str, ...]) -> torch.Tens
 def zero_destination(ws: MoKWorkspace, name: str, routes: torch.Tensor | None = None):
     """Zero the rows of this rank's push destination `name` (one of the combine buffers) that
     no rank will push, and return it; they read as zero once a barrier has followed (see
-    `push_rows`). With the schedule's `routes` (this rank's int32 routing, kept by
-    build_schedule when the capacity rules out dropped routes) those are the rows of this rank's
-    invalid expert ids; without them every row is zeroed (docs/exchanges.md)."""
+    `push_rows`). With the schedule's `routes` (this rank's int32 routing, given when the
+    capacity rules out dropped routes: MoKSchedule.unpushed_routes) those are the rows of this
+    rank's invalid expert ids; without them every row is zeroed (docs/exchanges.md)."""
     dest = _buffer(ws, name, _PUSH_DESTINATIONS)
     if routes is None:
         dest.zero_()
@@ -296,7 +296,8 @@ def push_rows(
         )
     rows = _extension.aligned(rows)
     if zero_fill:
-        zero_destination(ws, dest_buffer_name, getattr(schedule, "routes", None))
+        unpushed = schedule.unpushed_routes() if hasattr(schedule, "unpushed_routes") else None
+        zero_destination(ws, dest_buffer_name, unpushed)
     if sync_before:
         barrier(ws)
     _run(

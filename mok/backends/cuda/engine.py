@@ -169,7 +169,7 @@ class CudaEngine:
         destination, one barrier, the pushes, one barrier (not two per push)."""
         with self._exchange(background) as ctas:
             for _, name in pushes:  # before the barrier that precedes the pushes
-                cuda_comm.zero_destination(self.ws, name, schedule.routes)
+                cuda_comm.zero_destination(self.ws, name, schedule.unpushed_routes())
             for i, (rows, name) in enumerate(pushes):
                 cuda_comm.push_rows(
                     self.ws, rows, schedule, name, zero_fill=False, sync_before=i == 0,
