@@ -54,6 +54,9 @@ class MoKForwardContext:
     | up_routed     | bf16 [C, I]   | (fp8 [C, I], scale)                         |
     | hidden_routed | bf16 [C, I]   | (fp8 [I, C], scale): transposed, for wgrad  |
     | *_shared      | bf16 [T, I] or None without a shared expert                 |
+
+    (mok) `schedule` and `workspace` are those forward ran with: backward refuses a context
+    made with others, whose rows would belong to another routing.
     """
 
     x_routed: object
@@ -63,6 +66,8 @@ class MoKForwardContext:
     up_routed: object
     hidden_shared: torch.Tensor | None
     hidden_routed: object
+    schedule: MoKSchedule | None = None
+    workspace: MoKWorkspace | None = None
 
 
 def validate_inputs(
@@ -233,7 +238,7 @@ def forward(
             engine, ws.x_buffer, shared, routed, schedule, swiglu_limit, mxfp8
         )
     (x_routed, gate, up, hidden), (gate_s, up_s, hidden_s, y_shared) = saved, shared_out
-    ctx = MoKForwardContext(x_routed, gate_s, gate, up_s, up, hidden_s, hidden)
+    ctx = MoKForwardContext(x_routed, gate_s, gate, up_s, up, hidden_s, hidden, schedule, ws)
     epilogue = _eager_backend_or(ops.fwd_epilogue, "fwd_epilogue", ws.device)
     output = epilogue(y_shared, ws.combine_buffer, _valid_route_weights(schedule, router_weights))
     _debug_check(ws)
@@ -322,7 +327,15 @@ def _backward_pass(ws, schedule, ctx, grad_output, x, router_weights, shared, ro
 
 
 def _check_context(ctx, schedule, ws, routed_gate_weights, shared_gate_weights, mxfp8) -> None:
-    """The context's tensors against this backward (the fused op trusts its checked caller)."""
+    """The context against this backward: made with this schedule and workspace (when it says),
+    its tensors of this step's shapes."""
+    for name, given in (("schedule", schedule), ("workspace", ws)):
+        made_with = getattr(ctx, name)
+        if made_with is not None and made_with is not given:
+            raise ValueError(
+                f"`forward_context` was made by forward with another {name}: pass the {name} "
+                "that forward ran with"
+            )
     gate = routed_gate_weights[0] if mxfp8 else routed_gate_weights
     sizes = (schedule.peer_rank.shape[0], ws.num_local_tokens, ws.hidden_size, gate.shape[1])
     saved = [getattr(ctx, name) for name in _moe_arguments.SAVED_FIELDS]
