@@ -40,6 +40,11 @@ def _shape_text(dims: Sequence[str] | None, shape: Sequence[int | None]) -> str:
     return f"[{', '.join(dims)}] = [{sizes}]"
 
 
+class DTypeError(TypeError, ValueError):
+    """A tensor of the wrong dtype. Both a TypeError and a ValueError: the original package
+    raises one or the other depending on the layer, and its users catch either."""
+
+
 def check_tensor(
     name: str,
     value: object,
@@ -57,7 +62,7 @@ def check_tensor(
         raise TypeError(f"`{name}` must be a tensor ({_expected(dtype, dims, shape)}), got "
                         f"{describe(value)}")  # fmt: skip
     if dtype is not None and value.dtype != dtype:
-        raise TypeError(f"`{name}` must be {_expected(dtype, dims, shape)}, got {describe(value)}")
+        raise DTypeError(f"`{name}` must be {_expected(dtype, dims, shape)}, got {describe(value)}")
     if not _shape_matches(value.shape, shape):
         raise ValueError(f"`{name}` must be {_expected(dtype, dims, shape)}, got {describe(value)}")
     if device is not None and value.device != _as_device(device):

@@ -185,6 +185,7 @@ def check_fwd_epilogue(y_shared, combine_buffer, topk_weights) -> int:
     weights = check_tensor("topk_weights", topk_weights, dtype=torch.float32, shape=(None, None),
                            dims=("T", "k"), contiguous=False)  # fmt: skip
     tokens, topk = weights.shape
+    check_range("k (topk_weights.shape[1])", topk, 1, MAX_TOPK)
     _check_routed_rows("combine_buffer", combine_buffer, topk)
     rows, hidden = combine_buffer.shape
     # k came from the weights; now T from the buffer's rows, and the weights' device.

@@ -70,15 +70,21 @@ class MoKWorkspace:
     barrier_buffer_ptrs: list[int]
     # Epoch counter of the flag barrier: flags are compared against it, so no buffer is cleared.
     barrier_target: torch.Tensor
-    # mok: device status word (see mok.status); check_status raises what it records.
-    status: torch.Tensor
-    # The original's multicast fields; mok never uses multicast.
-    all_gather_top_experts_buffer_multicast_ptr: None = None
-    barrier_buffer_multicast_ptr: None = None
+    # mok: device status word (see mok.status); check_status raises what it records. Made
+    # here when a caller builds a workspace with the original's fields alone.
+    status: torch.Tensor | None = None
+    # The original's multicast fields: mok never uses multicast, so they hold 0, which every op
+    # that takes one accepts and ignores.
+    all_gather_top_experts_buffer_multicast_ptr: int = 0
+    barrier_buffer_multicast_ptr: int = 0
     capacity_multiplier: float = field(default=0.5)
     # mok: `<name>_ptrs` of every symmetric buffer as an int64 [EP] device tensor, built once at
     # creation so CUDA kernels index peers on the device (empty off CUDA).
     peer_ptr_tables: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.status is None:  # built with the original's fields alone
+            self.status = torch.zeros(1, dtype=torch.int32, device=self.device)
 
     def schedule_rows(self, num_local_experts: int) -> int:
         """Rows of a schedule: the routed-row capacity plus 256 per local expert, so the

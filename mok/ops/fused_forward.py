@@ -11,10 +11,12 @@ for mok.functional under torch.compile: a workspace's step flattened into the op
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from torch.library import custom_op
 
 from mok import _moe_arguments, backends, passes
-from mok._arguments import check_range, check_tensor
+from mok._arguments import check_multiple, check_range, check_tensor
+from mok.backends.reference.exchange import resolve_group
 from mok.schedule import MoKSchedule
 from mok.workspace import MAX_TOPK
 
@@ -34,6 +36,21 @@ def _common(x, schedule, topk, swiglu_limit, routed_buffer) -> int:
     check_tensor(name, buffer, dtype=torch.bfloat16, shape=(tokens * topk, hidden),
                  dims=("T * k", "H"), device=x.device)  # fmt: skip
     return num_experts
+
+
+def check_launch(num_comm_sms, macrobatch_size, minibatch_size, group_name, **pointer_lists):
+    """The launch parameters as the original checks them (MoKConfig's rules: comm SMs even and
+    at least 2, the batch sizes multiples of 256 and of the minibatch), and each pointer list
+    one address per rank of the group."""
+    check_multiple("num_comm_sms", num_comm_sms, 2)
+    check_multiple("minibatch_size", minibatch_size, 256)
+    check_multiple("macrobatch_size", macrobatch_size, minibatch_size)
+    ep_size = dist.get_world_size(resolve_group(group_name)) if dist.is_initialized() else 1
+    for name, ptrs in pointer_lists.items():
+        if len(ptrs) != ep_size:
+            raise ValueError(
+                f"`{name}` must hold one address per rank of the group ({ep_size}), got {len(ptrs)}"
+            )
 
 
 def check_weights(x, routed, shared, *, mxfp8: bool, backward: bool, num_experts=None) -> None:
@@ -88,6 +105,14 @@ def dispatch_mlp_swiglu_combine_fwd_bf16(
     buffer = ("combine_buffer", combine_buffer)
     check_pass(x, schedule, topk, swiglu_limit, routed, shared_weights, buffer, mxfp8=False,
                backward=False)  # fmt: skip
+    check_launch(
+        num_comm_sms,
+        macrobatch_size,
+        minibatch_size,
+        group_name,
+        x_ptrs=x_ptrs,
+        combine_buffer_ptrs=combine_buffer_ptrs,
+    )
     shared = _shared(w_shared_gate, w_shared_up, w_shared_down)
     buffers = {"x_buffer": x, "combine_buffer": combine_buffer}
     engine = backends.for_device(x.device).op_engine(buffers, x_ptrs, topk, group_name)
@@ -185,6 +210,14 @@ def dispatch_mlp_swiglu_combine_fwd_mxfp8(
     buffer = ("combine_buffer", combine_buffer)
     check_pass(x, schedule, topk, swiglu_limit, routed, shared_weights, buffer, mxfp8=True,
                backward=False)  # fmt: skip
+    check_launch(
+        num_comm_sms,
+        macrobatch_size,
+        minibatch_size,
+        group_name,
+        x_ptrs=x_ptrs,
+        combine_buffer_ptrs=combine_buffer_ptrs,
+    )
     shared = _shared(w_shared_gate, w_shared_up, w_shared_down)
     buffers = {"x_buffer": x, "combine_buffer": combine_buffer}
     engine = backends.for_device(x.device).op_engine(buffers, x_ptrs, topk, group_name)

@@ -3,10 +3,12 @@ reaches, on the reference backend at EP 1."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
-from mok import MoELayer
+from mok import MoELayer, ops
 from mok import functional as F
 
 TOKENS, HIDDEN, INTER, EXPERTS, TOPK = 8, 128, 128, 4, 1
@@ -107,3 +109,36 @@ def test_backward_refuses_a_context_of_another_schedule(single_rank_group):
     _, ctx = F.forward(config, ws, first, x, rw, None, None, None, *routed)
     with pytest.raises(ValueError, match="made by forward with another schedule"):
         F.backward(config, ws, other, ctx, x, x, rw, None, None, None, *routed)
+
+
+def test_the_originals_call_forms_take_the_workspace_fields(single_rank_group):
+    """The original's code passes the workspace's multicast fields to the ops, which take an
+    int (they once held None: a schema error), and builds MoKWorkspace from its own fields
+    alone (mok's status word once had no default)."""
+    config = F.MoKConfig()
+    ws = F.create_workspace(config, single_rank_group, device="cpu", num_local_tokens=TOKENS,
+                            hidden_size=HIDDEN, topk=2)  # fmt: skip
+    routing = torch.zeros(TOKENS, 2, dtype=torch.int32)
+    ops.all_gather_top_experts(routing, ws.all_gather_top_experts_buffer,
+                               ws.all_gather_top_experts_buffer_multicast_ptr, 0, 2048,
+                               ws.group_name)  # fmt: skip
+    ops.barrier_all(ws.barrier_buffer, ws.barrier_buffer_ptrs, ws.barrier_buffer_multicast_ptr,
+                    ws.barrier_target, ws.group_name)  # fmt: skip
+    originals = {f.name: getattr(ws, f.name) for f in dataclasses.fields(ws)
+                 if f.name not in ("status", "capacity_multiplier", "peer_ptr_tables")}  # fmt: skip
+    rebuilt = F.MoKWorkspace(**originals)
+    assert rebuilt.status.dtype == torch.int32 and int(rebuilt.status) == 0
+
+
+def test_a_wrong_dtype_is_both_a_type_and_a_value_error():
+    with pytest.raises(TypeError) as caught:
+        ops.fwd_epilogue(None, torch.zeros(8, 128), torch.zeros(4, 2))
+    assert isinstance(caught.value, ValueError)
+
+
+def test_an_epilogue_of_no_routes_per_token_is_refused():
+    """k = 0 once ended in a ZeroDivisionError."""
+    with pytest.raises(
+        ValueError, match=r"`k \(topk_weights.shape\[1\]\)` must be in \[1, 255\], got 0"
+    ):
+        ops.fwd_epilogue(None, torch.zeros(8, 128, dtype=torch.bfloat16), torch.zeros(4, 0))

@@ -1,7 +1,9 @@
 """The fused ops called directly (as through torch.ops, without mok.functional's checks) check
 what ties their arguments together: k against the per-route buffer's rows, and the schedule's
 expert count against the weights'. On the CPU these once ran on: a k of 3 over a buffer of k =
-2's rows, a schedule of 3 experts over weights of 2."""
+2's rows, a schedule of 3 experts over weights of 2. They also check the launch parameters as
+the original does (one comm SM, a minibatch of 128, a macrobatch of 384 and short pointer lists
+once passed)."""
 
 from __future__ import annotations
 
@@ -51,8 +53,14 @@ def test_consistent_arguments_run(forward_args):
         ({"tokens_per_expert": torch.full((3,), 256, dtype=torch.int32)},
          r"`routed_gate_weights` holds 2 local experts .* but `schedule` was built for "
          r"num_local_experts=3"),
+        ({"num_comm_sms": 1}, r"`num_comm_sms` must be a multiple of 2 and >= 1, got 1"),
+        ({"minibatch_size": 128}, r"`minibatch_size` must be a multiple of 256 and >= 1, got 128"),
+        ({"macrobatch_size": 384, "minibatch_size": 256},
+         r"`macrobatch_size` must be a multiple of 256 and >= 1, got 384"),
+        ({"x_ptrs": []}, r"`x_ptrs` must hold one address per rank of the group \(1\), got 0"),
     ],
-    ids=["k-against-the-buffer", "buffer-rows", "schedule-experts"],
+    ids=["k-against-the-buffer", "buffer-rows", "schedule-experts", "one-comm-sm",
+         "minibatch-128", "macrobatch-384", "pointer-list-short"],
 )  # fmt: skip
 def test_inconsistent_arguments_are_named(forward_args, change, message):
     with pytest.raises(ValueError, match=message):
