@@ -11,11 +11,11 @@
 #include <cstdint>
 #include <string>
 
-#include "comm.h"
 #include "api/checks.hpp"
+#include "comm/combine_epilogue.h"
+#include "comm/comm.h"
 #include "common/cuda_check.hpp"
-#include "epilogue.h"
-#include "mxfp8.h"
+#include "mxfp8/mxfp8.h"
 
 namespace mok::api {
 

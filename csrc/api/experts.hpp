@@ -11,7 +11,7 @@
 
 #include "api/checks.hpp"
 #include "common/cuda_check.hpp"
-#include "experts.h"
+#include "experts/experts.h"
 
 namespace mok::api {
 

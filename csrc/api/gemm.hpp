@@ -12,7 +12,7 @@
 
 #include "api/checks.hpp"
 #include "common/cuda_check.hpp"
-#include "grouped_gemm.h"
+#include "gemm/grouped_gemm.h"
 
 namespace mok::api {
 

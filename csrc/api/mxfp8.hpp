@@ -12,7 +12,7 @@
 
 #include "api/checks.hpp"
 #include "common/cuda_check.hpp"
-#include "mxfp8.h"
+#include "mxfp8/mxfp8.h"
 
 namespace mok::api {
 

@@ -1,4 +1,4 @@
-// Python binding of the schedule family: argument checks, then the launches of schedule.cu.
+// Python binding of the schedule family: argument checks, then the launches of schedule/schedule.cu.
 //
 // Arguments are raw device addresses (Python ints) and a cudaStream_t as an int, so the module has
 // no torch dependency; mok/backends/cuda_schedule.py allocates the outputs and the scratch and
@@ -13,7 +13,7 @@
 
 #include "api/checks.hpp"
 #include "common/cuda_check.hpp"
-#include "schedule.h"
+#include "schedule/schedule.h"
 
 namespace mok::api {
 // Helpers of this family only (other families have their own), hence the nested namespace.

@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "epilogue.h"
+#include "comm/combine_epilogue.h"
 
 namespace mok::comm {
 // Named, not anonymous: anonymous-namespace symbols embed the source's absolute path.

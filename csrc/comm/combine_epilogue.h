@@ -1,4 +1,4 @@
-// Host entry point of the combine epilogues (defined in epilogue.cu).
+// Host entry point of the combine epilogues (defined in combine_epilogue.cu).
 #pragma once
 
 #include <cuda_runtime_api.h>

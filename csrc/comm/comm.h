@@ -1,4 +1,4 @@
-// Host entry points of the NVLink communication kernels (defined in comm.cu).
+// Host entry points of the NVLink communication kernels (defined in pull_push.cu).
 //
 // Every cross-rank address comes from a device table of int64 peer addresses, one per rank of the
 // group (MoKWorkspace.peer_ptr_tables): entry r is rank r's copy of a symmetric buffer, mapped

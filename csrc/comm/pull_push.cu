@@ -9,7 +9,7 @@
 //     before it exits, then the barrier's release store publishes it;
 //   - a kernel that reads what peers stored runs after a barrier kernel whose acquire loads saw
 //     those peers' flags.
-#include "comm.h"
+#include "comm/comm.h"
 #include "common/flags.cuh"
 #include "common/row_copy.cuh"
 

@@ -8,9 +8,9 @@
 
 #include <cstdint>
 
-#include "common/mxfp8_math.cuh"
-#include "common/swiglu_math.cuh"
-#include "experts.h"
+#include "experts/experts.h"
+#include "experts/swiglu_math.cuh"
+#include "mxfp8/math.cuh"
 
 namespace mok::experts {
 // Named, not anonymous: nvcc names anonymous namespaces after the build path, which would

@@ -1,4 +1,4 @@
-// Host entry points of the expert elementwise kernels (defined in experts.cu): the SwiGLU
+// Host entry points of the expert elementwise kernels (defined in elementwise.cu): the SwiGLU
 // forward, its backward with the router-weight gradient, and the router-weight row scaling.
 //
 // They run over the schedule's routed rows and read the padded row count (`num_tokens`) on the

@@ -1,8 +1,8 @@
 // Dispatch from a runtime Kind to the GEMM compiled for it (sm_90a modules only).
-#include "grouped_gemm.h"
+#include "gemm/grouped_gemm.h"
 
 #if defined(MOK_ARCH_sm_90a)
-#include "sm90/grouped_kernel.cuh"
+#include "gemm/sm90/grouped_kernel.cuh"
 #endif
 
 namespace mok::gemm {

@@ -6,9 +6,9 @@
 
 #include <cstdint>
 
-#include "common/mxfp8_format.hpp"
-#include "common/mxfp8_math.cuh"
-#include "mxfp8.h"
+#include "mxfp8/format.hpp"
+#include "mxfp8/math.cuh"
+#include "mxfp8/mxfp8.h"
 
 namespace mok::mxfp8 {
 // Named, not anonymous: nvcc names anonymous namespaces after the build path, which would

@@ -11,7 +11,7 @@
 
 #include <cstdint>
 
-#include "common/mxfp8_format.hpp"
+#include "mxfp8/format.hpp"
 
 namespace mok::mxfp8 {
 

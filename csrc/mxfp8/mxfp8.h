@@ -1,11 +1,11 @@
-// Host entry point of the MXFP8 quantize kernel (defined in mxfp8.cu).
+// Host entry point of the MXFP8 quantize kernel (defined in quantize.cu).
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
 
-#include "common/mxfp8_format.hpp"
+#include "mxfp8/format.hpp"
 
 namespace mok::mxfp8 {
 

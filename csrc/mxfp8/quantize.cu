@@ -2,16 +2,16 @@
 // and/or the values a GEMM reads for the normal layout (bf16, "rounded"); and the same fused
 // after a SwiGLU (gate, up -> hidden), which also quantizes gate and up on the way.
 //
-// One kernel template serves all of them: a source policy (mxfp8_sources.cuh) produces each
+// One kernel template serves all of them: a source policy (quantize_sources.cuh) produces each
 // thread's row chunks of the tile (loaded from x, gathered from peers' rows by a schedule, or
 // computed from gate and up), the template writes the layouts asked for. See
-// common/mxfp8_tile.cuh for the tile and thread layout. Fusing saves whole passes over the
+// quantize_tile.cuh for the tile and thread layout. Fusing saves whole passes over the
 // routed rows: the rounded values replace a quantize + dequantize round trip through memory,
 // the gathering form is the dispatch's pull and the rounding in one pass, and the SwiGLU form
 // reads gate and up once for four outputs.
-#include "common/mxfp8_tile.cuh"
-#include "mxfp8.h"
-#include "mxfp8_sources.cuh"
+#include "mxfp8/mxfp8.h"
+#include "mxfp8/quantize_sources.cuh"
+#include "mxfp8/quantize_tile.cuh"
 
 #include <cstdint>
 #include <type_traits>

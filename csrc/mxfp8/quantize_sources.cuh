@@ -1,14 +1,14 @@
-// The source policies of mxfp8.cu's quantize kernel: where each thread's row chunks of a tile
+// The source policies of quantize.cu's kernel: where each thread's row chunks of a tile
 // come from (loaded from x, gathered from peers' rows by a schedule, or computed from gate and
-// up), with the kernel's parameters and the layouts it can write. Included by mxfp8.cu only.
+// up), with the kernel's parameters and the layouts it can write. Included by quantize.cu only.
 #pragma once
 
 #include <cstdint>
 
 #include "common/fast_divide.cuh"
-#include "common/mxfp8_tile.cuh"
-#include "common/swiglu_math.cuh"
-#include "mxfp8.h"
+#include "experts/swiglu_math.cuh"
+#include "mxfp8/mxfp8.h"
+#include "mxfp8/quantize_tile.cuh"
 
 namespace mok::mxfp8::detail {
 
@@ -75,7 +75,7 @@ __device__ __forceinline__ void scale_words(float weight, uint32_t (&w)[kWordsPe
 // A source whose constructor loads all of the thread's row chunks of the tile into registers
 // (every load issued before any is used: 8 x 16 B in flight per thread).
 struct RegisterRows {
-  // CTAs per SM the kernel of a form (kLayouts) is held to, 0 for none (mxfp8.cu's launch).
+  // CTAs per SM the kernel of a form (kLayouts) is held to, 0 for none (quantize.cu's launch).
   template <int kLayouts>
   static constexpr int kMinCtas = 0;
   // Whether the column blocks (kTransposed, kRoundedRows) see the chunks times their rows'

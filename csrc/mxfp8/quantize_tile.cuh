@@ -14,9 +14,9 @@
 
 #include <cstdint>
 
-#include "common/mxfp8_format.hpp"
-#include "common/mxfp8_math.cuh"
-#include "common/mxfp8_round.cuh"
+#include "mxfp8/format.hpp"
+#include "mxfp8/math.cuh"
+#include "mxfp8/round.cuh"
 
 namespace mok::mxfp8::tile {
 

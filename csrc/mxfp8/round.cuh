@@ -13,7 +13,7 @@
 
 #include <cstdint>
 
-#include "common/mxfp8_math.cuh"
+#include "mxfp8/math.cuh"
 
 namespace mok::mxfp8 {
 

@@ -12,7 +12,7 @@
 //                   seg_start[e] + sum_s min(count[e][s], j) + #{s < src : count[e][s] > j}
 //                   (the whole rounds before j, then the sources before src in round j), and the
 //                   two stores, or the overflow bit when the row is past the capacity.
-#include "schedule.h"
+#include "schedule/schedule.h"
 
 #include <cstdint>
 

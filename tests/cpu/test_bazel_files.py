@@ -112,7 +112,7 @@ def _break(root: Path, path: str, old: str, new: str) -> None:
 
 
 def _remove_source(root: Path) -> None:
-    (root / "csrc/mxfp8.cu").unlink()
+    (root / "csrc/mxfp8/quantize.cu").unlink()
 
 
 def _unknown_attribute(root: Path) -> None:
@@ -142,7 +142,7 @@ def _unknown_tag(root: Path) -> None:
 
 
 BREAKAGES = {
-    "missing source": (_remove_source, r"csrc/mxfp8\.cu.*(missing|no such file)"),
+    "missing source": (_remove_source, r"csrc/mxfp8/quantize\.cu.*(missing|no such file)"),
     "unknown attribute": (_unknown_attribute, r"attribute 'strip_prefix' is not defined"),
     "untargeted test": (_untargeted_test, r"tests/integration/test_new\.py: 0 py_test targets"),
     "unbuilt csrc source": (_unlisted_source, r"csrc/extra\.cu: a csrc source not in EXTENSION"),

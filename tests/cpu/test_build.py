@@ -205,9 +205,11 @@ def test_serialized_wgmma_fails_the_build():
         "serialized due to insufficient register resources for the function 'k'"
     )
     with pytest.raises(compile_steps.CompileError, match="C7512.*serialized"):
-        compile_steps.check_diagnostics("sm_90a nvcc csrc/sm90/linear_mx.cu", serialized)
+        compile_steps.check_diagnostics(
+            "sm_90a nvcc csrc/gemm/sm90/m_grouped_mxfp8_nt.cu", serialized
+        )
     plain = "ptxas info    : Used 80 registers"
-    compile_steps.check_diagnostics("sm_90a nvcc csrc/mxfp8.cu", plain)
+    compile_steps.check_diagnostics("sm_90a nvcc csrc/mxfp8/quantize.cu", plain)
 
 
 def test_a_compile_step_that_prints_c7512_fails(tmp_path):

@@ -1,4 +1,4 @@
-"""The CUDA kernels' fast MXFP8 rounding form (csrc/common/mxfp8_round.cuh) against the
+"""The CUDA kernels' fast MXFP8 rounding form (csrc/mxfp8/round.cuh) against the
 reference, for every finite bf16 value and every scale exponent the form covers.
 
 The kernels round the elements of most blocks to what a GEMM reads (bf16 of the E4M3 element
@@ -20,7 +20,7 @@ import torch
 
 from mok import mxfp8
 
-HEADER = Path(__file__).resolve().parents[2] / "csrc" / "common" / "mxfp8_round.cuh"
+HEADER = Path(__file__).resolve().parents[2] / "csrc" / "mxfp8" / "round.cuh"
 if not HEADER.exists():
     pytest.skip(f"csrc/ is not next to the tests ({HEADER})", allow_module_level=True)
 

@@ -1,4 +1,4 @@
-"""The CUDA schedule's algorithm (csrc/schedule.cu), emulated in NumPy, against the reference.
+"""The CUDA schedule's algorithm (csrc/schedule/), emulated in NumPy, against the reference.
 
 No GPU is needed to check the algorithm: the emulation has the kernels' decomposition (one block
 per (chunk, source), warps owning 512-route pieces walked in 32-lane steps), their constants and
@@ -25,11 +25,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mok import status
-
-# The constants of csrc/schedule.h.
 from mok.backends.cuda import schedule as cuda_schedule
 from mok.backends.reference import schedule as reference_schedule
 
+# The constants of csrc/schedule/schedule.h.
 LANES = 32
 STEPS = 16  # 32-route steps per warp: a warp owns 512 consecutive routes of a chunk
 MAX_WARPS = 8
@@ -197,7 +196,7 @@ def check_against_reference(topk_all: torch.Tensor, experts: int, capacity: int,
 def test_constants_match_the_header_and_status():
     assert CAPACITY_OVERFLOW == status.CAPACITY_OVERFLOW
     assert cuda_schedule.MAX_LOCAL_EXPERTS == COUNTERS
-    path = Path(__file__).resolve().parents[2] / "csrc" / "schedule.h"
+    path = Path(__file__).resolve().parents[2] / "csrc" / "schedule" / "schedule.h"
     if not path.is_file():
         pytest.skip(f"{path} is not in this tree (a runfiles tree without csrc/)")
     header = path.read_text()
@@ -210,7 +209,7 @@ def test_constants_match_the_header_and_status():
         "kRowsPerSegment": ROWS,
         "kCapacityOverflow": CAPACITY_OVERFLOW,
     }.items():
-        assert f"{name} = {value};" in header, f"{name} is not {value} in csrc/schedule.h"
+        assert f"{name} = {value};" in header, f"{name} is not {value} in csrc/schedule/schedule.h"
     assert "kMaxLocalExperts = kCounters;" in header
 
 

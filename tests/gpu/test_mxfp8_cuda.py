@@ -35,7 +35,7 @@ def _random_bf16(
     scale for all, so most 32-row column blocks hold no element below their floor); `special`
     adds zero blocks, +-inf, NaN, bf16 subnormals, values at the top of the range, blocks whose
     scale exponent is at either edge of the kernels' fast rounding form (-121, -120, 98, 99:
-    csrc/common/mxfp8_round.cuh), the largest element 448 * 2^e exactly, the others spread
+    csrc/mxfp8/round.cuh), the largest element 448 * 2^e exactly, the others spread
     below it, and blocks with elements at and just below the floor of the kernels' packed form."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     x = torch.randn(shape, generator=gen, device="cuda")
@@ -192,7 +192,7 @@ def test_round_is_quantize_then_dequantize_in_one_pass(shape, dataset, seed):
     """mxfp8_round's values == mxfp8_dequantize(normal pair), its pair == the quantizer's
     transposed pair, and mxfp8_round_rows == the transposed pair dequantized, bit for bit.
     "one-scale" rows share a scale, so the rows rounding's column blocks take its packed form
-    (csrc/common/mxfp8_round.cuh) as well as the per-element ones."""
+    (csrc/mxfp8/round.cuh) as well as the per-element ones."""
     special, row_spread = ROUND_DATA[dataset]
     x = _random_bf16(shape, seed, special, row_spread)
     data, scales, data_t, scales_t = cuda_backend.mxfp8_quantize(x, True, True)

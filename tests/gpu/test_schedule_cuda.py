@@ -1,4 +1,4 @@
-"""The CUDA schedule (csrc/schedule.cu) against the reference (mok.backends.reference.schedule),
+"""The CUDA schedule (csrc/schedule/) against the reference (mok.backends.reference.schedule),
 exactly: peer_rank, peer_token_idx, num_tokens, tokens_per_expert and the status word.
 
 Fresh random routing every run (the seed is printed; MOK_TEST_SEED replays it), outputs and the

@@ -21,12 +21,12 @@
 #include "cutlass/gemm/dispatch_policy.hpp"
 #include "cutlass/gemm/group_array_problem_shape.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
-#include "grouped_gemm.h"
-#include "sm90/gate_up_mainloop.cuh"
-#include "sm90/mx_weight_mainloop.cuh"
-#include "sm90/paired_mainloop.cuh"
-#include "sm90/swiglu_epilogue.cuh"
-#include "sm90/tables.cuh"
+#include "gemm/grouped_gemm.h"
+#include "gemm/sm90/gate_up_mainloop.cuh"
+#include "gemm/sm90/mx_weight_mainloop.cuh"
+#include "gemm/sm90/paired_mainloop.cuh"
+#include "gemm/sm90/swiglu_epilogue.cuh"
+#include "gemm/sm90/tables.cuh"
 
 namespace mok::gemm::detail {
 

@@ -2,7 +2,7 @@
 // scale tiles) -> bf16, one accumulation: the MXFP8 backward's d_x = q(d_gate) @ W_gate +
 // q(d_up) @ W_up from the weights' transposed pairs, computed transposed as kLinearMxWeight.
 #if defined(MOK_ARCH_sm_90a)
-#include "sm90/grouped_kernel.cuh"
+#include "gemm/sm90/grouped_kernel.cuh"
 MOK_DEFINE_GROUPED_KIND(kLinearMxWeightPair, cutlass::layout::RowMajor,
                         cutlass::layout::ColumnMajor, cutlass::bfloat16_t,
                         cutlass::layout::ColumnMajor)

@@ -8,9 +8,9 @@
 
 #include <cstdint>
 
-#include "common/mxfp8_math.cuh"
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
+#include "mxfp8/math.cuh"
 
 namespace mok::gemm::detail {
 

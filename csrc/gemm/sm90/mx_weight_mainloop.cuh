@@ -22,19 +22,19 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "common/mxfp8_math.cuh"
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/gemm/dispatch_policy.hpp"
-#include "sm90/mx_weight_convert.cuh"
-#include "sm90/mx_weight_steps.cuh"
-#include "sm90/producer_loads.cuh"
-#include "sm90/tables.cuh"
+#include "gemm/sm90/mx_weight_convert.cuh"
+#include "gemm/sm90/mx_weight_steps.cuh"
+#include "gemm/sm90/producer_loads.cuh"
+#include "gemm/sm90/tables.cuh"
+#include "mxfp8/math.cuh"
 
 namespace mok::gemm::detail {
 
 constexpr int kMxWeightSets = 2;         // gate and up share a launch
-constexpr int kScaleTileBytes = 512;     // 128 rows x 4 K blocks, mxfp8_tile.cuh's layout
+constexpr int kScaleTileBytes = 512;     // 128 rows x 4 K blocks, quantize_tile.cuh's layout
 constexpr int kScaleTileK = 128;         // K values one scale tile covers
 // Pipeline stages: an E4M3 weight tile, its scale tile and a bf16 X tile take 40.5 KB, so five
 // fit where the builder's count for bf16 operands gives four. The consumers hold

@@ -18,7 +18,7 @@
 
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
-#include "sm90/producer_loads.cuh"
+#include "gemm/sm90/producer_loads.cuh"
 
 namespace mok::gemm::detail {
 

@@ -15,12 +15,12 @@
 
 #include <cstdint>
 
-#include "common/swiglu_math.cuh"
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
 #include "cutlass/epilogue/collective/detail.hpp"
 #include "cutlass/epilogue/dispatch_policy.hpp"
 #include "cutlass/epilogue/thread/linear_combination.h"
+#include "experts/swiglu_math.cuh"
 
 namespace mok::gemm::detail {
 

@@ -8,8 +8,8 @@
 #include <cstdint>
 
 #include "cute/tensor.hpp"
-#include "common/mxfp8_format.hpp"
-#include "grouped_gemm.h"
+#include "gemm/grouped_gemm.h"
+#include "mxfp8/format.hpp"
 
 namespace mok::gemm::detail {
 

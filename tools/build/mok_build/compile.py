@@ -164,7 +164,7 @@ def link_step(
 
 
 class Progress:
-    """Numbered progress lines on stderr: '[mok-build 3/9 12.4s] sm_90a nvcc csrc/mxfp8.cu'."""
+    """Numbered progress lines on stderr: '[mok-build 3/9 12.4s] sm_90a nvcc csrc/bindings.cpp'."""
 
     def __init__(self, total: int, write: Callable[[str], None] | None = None) -> None:
         self.total = total
