@@ -1,4 +1,15 @@
-// Host entry points of the NVLink communication kernels (defined in pull_push.cu).
+// Host entry points of the NVLink exchanges: the group's barrier and the routing all-gather
+// (barrier.cu), the dispatch pull, the combine push and the clearing of a push destination's
+// unrouted rows (pull_push.cu).
+//
+// None of them uses multicast: data moves with 16-byte loads and stores through peer pointers
+// of PyTorch symmetric memory, and ranks synchronise through epoch-tagged flag words (the
+// barrier). The copy kernels do not synchronise by themselves; mok/backends/cuda_comm.py brackets
+// them with barriers, which the stream orders around them:
+//   - data a kernel stores into peers' memory is fenced at system scope by every storing thread
+//     before it exits, then the barrier's release store publishes it;
+//   - a kernel that reads what peers stored runs after a barrier kernel whose acquire loads saw
+//     those peers' flags.
 //
 // Every cross-rank address comes from a device table of int64 peer addresses, one per rank of the
 // group (MoKWorkspace.peer_ptr_tables): entry r is rank r's copy of a symmetric buffer, mapped

@@ -1,14 +1,6 @@
-// NVLink communication kernels: barrier, routing all-gather, dispatch pull and combine push (and
-// the clearing of a push destination's unrouted rows).
-//
-// None of them uses multicast: data moves with 16-byte loads and stores through peer pointers
-// of PyTorch symmetric memory, and ranks synchronise through epoch-tagged flag words (the
-// barrier). The copy kernels do not synchronise by themselves; mok/backends/cuda_comm.py brackets
-// them with barriers, which the stream orders around them:
-//   - data a kernel stores into peers' memory is fenced at system scope by every storing thread
-//     before it exits, then the barrier's release store publishes it;
-//   - a kernel that reads what peers stored runs after a barrier kernel whose acquire loads saw
-//     those peers' flags.
+// The dispatch pull, the combine push and the clearing of a push destination's unrouted rows:
+// row copies through peer pointers by thread teams (common/row_copy.cuh). comm.h says how the
+// barriers bracket them.
 #include "comm/comm.h"
 #include "common/flags.cuh"
 #include "common/row_copy.cuh"
@@ -20,50 +12,6 @@ namespace mok::comm {
 // A named namespace, not an anonymous one: nvcc derives anonymous-namespace symbol names from the
 // source file's absolute path, which would make the binary depend on where it was built.
 namespace detail {
-
-constexpr int kBarrierThreads = 128;  // >= kMaxRanks: one thread per peer, no loop in practice
-constexpr int kGatherThreads = 256;
-constexpr int kMaxGatherCtasPerPeer = 16;
-
-// One CTA. Thread p signals peer p, then waits for peer p's signal; the epoch counter is read
-// before and written after, by thread 0, so every thread uses the same epoch and the next barrier
-// (next kernel in the stream) uses the one after it.
-__global__ void __launch_bounds__(kBarrierThreads) barrier_kernel(BarrierArgs a) {
-  __shared__ uint32_t s_epoch;
-  if (threadIdx.x == 0) s_epoch = *a.epoch + 1;
-  __syncthreads();
-  const uint32_t epoch = s_epoch;
-  for (int peer = threadIdx.x; peer < a.ep; peer += blockDim.x) {
-    if (peer == a.rank) continue;
-    // Belt and braces: the kernels before this one in the stream fenced their own peer stores;
-    // this fence also covers writes this thread merely observed.
-    system_fence();
-    signal_flag(reinterpret_cast<uint32_t*>(a.flag_table[peer]) + a.rank, epoch);
-  }
-  for (int peer = threadIdx.x; peer < a.ep; peer += blockDim.x) {
-    if (peer != a.rank) wait_flag(a.flags + peer, epoch, a.timeout_ns, a.status);
-  }
-  __syncthreads();
-  // A timed-out wait still advances the epoch: every rank counts the same barriers, so the
-  // ranks stay in step for later calls (the status word already holds the error).
-  if (threadIdx.x == 0) *a.epoch = epoch;
-}
-
-// Grid (ctas_per_peer, ep): blockIdx.y picks the destination, staggered by rank so that the
-// ranks do not all write to the same peer at once; the last one is this rank itself.
-template <typename V>
-__global__ void __launch_bounds__(kGatherThreads) all_gather_kernel(AllGatherArgs a) {
-  const int dst_rank = (a.rank + 1 + static_cast<int>(blockIdx.y)) % a.ep;
-  const int64_t vecs = a.bytes / static_cast<int64_t>(sizeof(V));
-  const V* src = static_cast<const V*>(a.src);
-  V* dst = reinterpret_cast<V*>(a.dst_table[dst_rank] + a.rank * a.bytes);
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < vecs;
-       i += step) {
-    dst[i] = src[i];
-  }
-  system_fence();
-}
 
 // Rows at or past num_tokens are padding (num_tokens clamped to [0, rows]).
 __device__ __forceinline__ int64_t live_rows(const ScheduleView& s) {
@@ -212,27 +160,6 @@ cudaError_t launch_rows(const Args& a, int64_t rows, const void* local, cudaStre
 }
 
 }  // namespace detail
-
-cudaError_t launch_barrier(const BarrierArgs& args, cudaStream_t stream) {
-  detail::barrier_kernel<<<1, detail::kBarrierThreads, 0, stream>>>(args);
-  return cudaGetLastError();
-}
-
-cudaError_t launch_all_gather(const AllGatherArgs& args, cudaStream_t stream) {
-  if (args.bytes == 0) return cudaSuccess;
-  const bool wide = args.bytes % 16 == 0 && reinterpret_cast<uintptr_t>(args.src) % 16 == 0;
-  const int64_t vecs = args.bytes / (wide ? 16 : 4);
-  const int64_t per_cta = int64_t{detail::kGatherThreads} * 8;
-  const int64_t ctas = std::min<int64_t>((vecs + per_cta - 1) / per_cta,
-                                         detail::kMaxGatherCtasPerPeer);
-  const dim3 grid(static_cast<unsigned>(ctas), static_cast<unsigned>(args.ep));
-  if (wide) {
-    detail::all_gather_kernel<uint4><<<grid, detail::kGatherThreads, 0, stream>>>(args);
-  } else {
-    detail::all_gather_kernel<uint32_t><<<grid, detail::kGatherThreads, 0, stream>>>(args);
-  }
-  return cudaGetLastError();
-}
 
 cudaError_t launch_pull(const PullArgs& args, cudaStream_t stream) {
   return detail::launch_rows(args, args.schedule.rows, args.out, stream);

@@ -35,6 +35,7 @@ COMPUTE_CAPABILITY = {
 
 EXTENSION_SOURCES = [
     "csrc/bindings.cpp",
+    "csrc/comm/barrier.cu",
     "csrc/comm/combine_epilogue.cu",
     "csrc/comm/pull_push.cu",
     "csrc/experts/elementwise.cu",

@@ -1,0 +1,81 @@
+// The group's barrier (one CTA, epoch-tagged flag words: common/flags.cuh) and the routing
+// all-gather. comm.h says how the barriers bracket the copy kernels.
+#include "comm/comm.h"
+#include "common/flags.cuh"
+
+#include <algorithm>
+#include <cstdint>
+
+namespace mok::comm {
+// A named namespace, not an anonymous one: nvcc derives anonymous-namespace symbol names from the
+// source file's absolute path, which would make the binary depend on where it was built.
+namespace detail {
+
+constexpr int kBarrierThreads = 128;  // >= kMaxRanks: one thread per peer, no loop in practice
+constexpr int kGatherThreads = 256;
+constexpr int kMaxGatherCtasPerPeer = 16;
+
+// One CTA. Thread p signals peer p, then waits for peer p's signal; the epoch counter is read
+// before and written after, by thread 0, so every thread uses the same epoch and the next barrier
+// (next kernel in the stream) uses the one after it.
+__global__ void __launch_bounds__(kBarrierThreads) barrier_kernel(BarrierArgs a) {
+  __shared__ uint32_t s_epoch;
+  if (threadIdx.x == 0) s_epoch = *a.epoch + 1;
+  __syncthreads();
+  const uint32_t epoch = s_epoch;
+  for (int peer = threadIdx.x; peer < a.ep; peer += blockDim.x) {
+    if (peer == a.rank) continue;
+    // Belt and braces: the kernels before this one in the stream fenced their own peer stores;
+    // this fence also covers writes this thread merely observed.
+    system_fence();
+    signal_flag(reinterpret_cast<uint32_t*>(a.flag_table[peer]) + a.rank, epoch);
+  }
+  for (int peer = threadIdx.x; peer < a.ep; peer += blockDim.x) {
+    if (peer != a.rank) wait_flag(a.flags + peer, epoch, a.timeout_ns, a.status);
+  }
+  __syncthreads();
+  // A timed-out wait still advances the epoch: every rank counts the same barriers, so the
+  // ranks stay in step for later calls (the status word already holds the error).
+  if (threadIdx.x == 0) *a.epoch = epoch;
+}
+
+// Grid (ctas_per_peer, ep): blockIdx.y picks the destination, staggered by rank so that the
+// ranks do not all write to the same peer at once; the last one is this rank itself.
+template <typename V>
+__global__ void __launch_bounds__(kGatherThreads) all_gather_kernel(AllGatherArgs a) {
+  const int dst_rank = (a.rank + 1 + static_cast<int>(blockIdx.y)) % a.ep;
+  const int64_t vecs = a.bytes / static_cast<int64_t>(sizeof(V));
+  const V* src = static_cast<const V*>(a.src);
+  V* dst = reinterpret_cast<V*>(a.dst_table[dst_rank] + a.rank * a.bytes);
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < vecs;
+       i += step) {
+    dst[i] = src[i];
+  }
+  system_fence();
+}
+
+}  // namespace detail
+
+cudaError_t launch_barrier(const BarrierArgs& args, cudaStream_t stream) {
+  detail::barrier_kernel<<<1, detail::kBarrierThreads, 0, stream>>>(args);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_all_gather(const AllGatherArgs& args, cudaStream_t stream) {
+  if (args.bytes == 0) return cudaSuccess;
+  const bool wide = args.bytes % 16 == 0 && reinterpret_cast<uintptr_t>(args.src) % 16 == 0;
+  const int64_t vecs = args.bytes / (wide ? 16 : 4);
+  const int64_t per_cta = int64_t{detail::kGatherThreads} * 8;
+  const int64_t ctas = std::min<int64_t>((vecs + per_cta - 1) / per_cta,
+                                         detail::kMaxGatherCtasPerPeer);
+  const dim3 grid(static_cast<unsigned>(ctas), static_cast<unsigned>(args.ep));
+  if (wide) {
+    detail::all_gather_kernel<uint4><<<grid, detail::kGatherThreads, 0, stream>>>(args);
+  } else {
+    detail::all_gather_kernel<uint32_t><<<grid, detail::kGatherThreads, 0, stream>>>(args);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace mok::comm
