@@ -132,7 +132,7 @@ inline void comm_pull_rows(uintptr_t src_table, uintptr_t out, uintptr_t peer_ra
 // the pulled rows (mxfp8_quantize's `rounded` and transposed outputs) in one pass, without
 // storing the pulled rows. Tiles at or past num_tokens write nothing. With `src_exponents`
 // (EP 1: uint8 [src_rows]), `rounded` is f16 rebased per row and `row_exponents` uint8 [rows]
-// gets each row's exponent byte (kind 6's operand).
+// gets each row's exponent byte (M_GROUPED_MXFP8_NT_F16_ROWS's operand).
 inline void comm_pull_round(uintptr_t src_table, uintptr_t peer_rank, uintptr_t peer_token_idx,
                             uintptr_t num_tokens, int64_t rows, int64_t cols, int64_t src_rows,
                             int divisor, int ep, uintptr_t rounded, uintptr_t out_t,

@@ -38,7 +38,8 @@ inline gemm::Kind kind(int value) {
   return static_cast<gemm::Kind>(value);
 }
 
-// `d` is 0 exactly for the second set of kinds 2 and 8 (its products add to the first set's d).
+// `d` is 0 exactly for the second set of the pair kinds (M_GROUPED_BF16_NN_PAIR,
+// M_GROUPED_MXFP8_NT_PAIR): its products add to the first set's d.
 inline gemm::OperandSet operand_set(const char* suffix, bool has_d, uintptr_t a, uintptr_t b,
                                     uintptr_t d) {
   const std::string s(suffix);
@@ -71,8 +72,8 @@ inline int64_t grouped_gemm_scratch_bytes(int kind, int groups, int sm_count) {
   return static_cast<int64_t>(gemm::scratch_bytes(static_cast<gemm::Kind>(kind), groups, sm_count));
 }
 
-// Kinds 4 and 6-9 read each set's B as MXFP8: its scale tiles' address, and whole 128 x 128
-// tiles (kind 9: along total_rows too).
+// The MXFP8 kinds (M_GROUPED_MXFP8_*, K_GROUPED_MXFP8_TN) read each set's B as MXFP8: its scale
+// tiles' address, and whole 128 x 128 tiles (K_GROUPED_MXFP8_TN: along total_rows too).
 inline void mx_weight_operands(gemm::GroupedArgs& args, uintptr_t b_scale, uintptr_t b2_scale) {
   namespace check = gemm_checks;
   if (!gemm::reads_mx_weight(args.kind)) {
@@ -92,17 +93,18 @@ inline void mx_weight_operands(gemm::GroupedArgs& args, uintptr_t b_scale, uintp
                  "kinds 4 and 6-9 need `n` and `k` multiples of 128 (whole MXFP8 scale "
                  "tiles), got n=" +
                      std::to_string(args.n) + ", k=" + std::to_string(args.k));
-  check::require(args.kind != gemm::Kind::kWeightGradMx ||
+  check::require(args.kind != gemm::Kind::K_GROUPED_MXFP8_TN ||
                      (args.total_rows > 0 && args.total_rows % 128 == 0),
                  "kind 9 needs `total_rows` (b's columns) a positive multiple of 128, got " +
                      std::to_string(args.total_rows));
 }
 
-// Kind 6 reads one exponent byte per row of A (shared by both sets) and per row of each B.
+// M_GROUPED_MXFP8_NT_F16_ROWS reads one exponent byte per row of A (shared by both sets) and per
+// row of each B.
 inline void exponent_operands(gemm::GroupedArgs& args, uintptr_t a_exponent,
                               uintptr_t b_exponent, uintptr_t b2_exponent) {
   namespace check = gemm_checks;
-  if (args.kind != gemm::Kind::kLinearMxWeightF16) {
+  if (args.kind != gemm::Kind::M_GROUPED_MXFP8_NT_F16_ROWS) {
     check::require(a_exponent == 0 && b_exponent == 0 && b2_exponent == 0,
                    "`a_exponent`, `b_exponent` and `b2_exponent` are for kind 6 only (must be 0)");
     return;
@@ -122,11 +124,12 @@ inline void exponent_operands(gemm::GroupedArgs& args, uintptr_t a_exponent,
   }
 }
 
-// Kind 5 writes gate (d), up (d2) and hidden from one activation with SwiGLU's clamp.
+// M_GROUPED_BF16_NT_SWIGLU writes gate (d), up (d2) and hidden from one activation with SwiGLU's
+// clamp.
 inline void swiglu_operands(gemm::GroupedArgs& args, uintptr_t hidden, bool has_limit,
                             float limit) {
   namespace check = gemm_checks;
-  if (args.kind != gemm::Kind::kLinearSwiGLU) {
+  if (args.kind != gemm::Kind::M_GROUPED_BF16_NT_SWIGLU) {
     check::require(hidden == 0 && !has_limit,
                    "`hidden` and `has_limit` are for kind 5 only (must be 0 and False)");
     return;
@@ -167,7 +170,7 @@ inline void grouped_gemm(int kind, uintptr_t a, uintptr_t b, uintptr_t d, uintpt
                  "`row_source` must be 0 or a 4-byte aligned device address, got " +
                      std::to_string(row_source));
   args.row_source = reinterpret_cast<const int32_t*>(row_source);
-  const bool one_group = paired || args.kind == gemm::Kind::kLinearSwiGLU;
+  const bool one_group = paired || args.kind == gemm::Kind::M_GROUPED_BF16_NT_SWIGLU;
   const int groups_per_expert = one_group ? 1 : args.num_sets;
   check::require(experts >= 1 && experts * groups_per_expert <= 1024,
                  "`experts` times the groups per expert must be in [1, 1024], got " +
@@ -218,26 +221,32 @@ inline void bind_gemm(pybind11::module_& m) {
 
 `rows` int32 [experts]: padded rows per expert (device). Segment e starts at sum(rows[:e]).
 `row_source` int32 [sum(rows)] (or 0): the schedule's source rank per row, -1 for padding; a
-segment's rows after its last routed one then get no tiles (zero rows in d, left out of kind 3).
-kind 0: d[seg] bf16 [R, n] = a[seg] bf16 [R, k] @ b[e]^T, b bf16 [E, n, k]
-kind 1: d[seg] fp32 [R, n] = a[seg] @ b[e], b bf16 [E, k, n]
-kind 2: d[seg] bf16 = a[seg] @ b[e] + a2[seg] @ b2[e] (b, b2 [E, k, n]; d2 = 0; k a multiple of 64)
-kind 3: d[e] bf16 [k, n] = a[seg]^T @ b[seg], a bf16 [rows, k], b bf16 [rows, n]; zeros if R = 0
-kind 4: kind 0 with b (and b2) MXFP8 weights: float8_e4m3fn [E, n, k] bytes and `b_scale`
-(`b2_scale`) their scale tiles as mxfp8_quantize writes them; n and k multiples of 128
-kind 5: kind 0's gate (a, b, d) and up (a2 = a, b2, d2) in one launch, plus `hidden` bf16
-[R, n] = silu(min(gate, L)) * clamp(up, -L, L) of the stored bf16 gate and up (L = `limit` if
-`has_limit`); n a multiple of 128
-kind 6: kind 4 with a float16 [R, k] rebased per row, `a_exponent` uint8 [R + 272] its rows'
-exponents (row r's values are a[r] * 2^(a_exponent[r] - 127); 272 bytes of padding), `b_scale`
-(`b2_scale`) the weights' f16 factor tiles (2^(scale byte - weight row exponent), the scale
-tiles' layout) and `b_exponent` (`b2_exponent`) uint8 [E * n] the weight rows' exponents
-kind 7: kind 4 with d fp32 (the unrounded sums)
-kind 8: kind 2 with b and b2 MXFP8 weights as in kind 4, each [E, n, k] (k a multiple of 128)
-kind 9: kind 3 with b MXFP8 as stored: float8_e4m3fn [n, total_rows] (b's rows transposed,
-blocks of 32 rows) and `b_scale` its scale tiles; n, k and total_rows multiples of 128, every
-segment starting at a multiple of 128 rows (else that expert's d is NaN)
-kinds 0-2 and 4-8 also zero their outputs' rows from sum(rows) to total_rows (0 = leave them).
+segment's rows after its last routed one then get no tiles (zero rows in d, left out of the
+K-grouped sums). `kind`, named by grouping, precision and layout (A @ B, each taken as stored, N,
+or transposed, T):
+0 M_GROUPED_BF16_NT: d[seg] bf16 [R, n] = a[seg] bf16 [R, k] @ b[e]^T, b bf16 [E, n, k]
+1 M_GROUPED_BF16_NN_F32: d[seg] fp32 [R, n] = a[seg] @ b[e], b bf16 [E, k, n]
+2 M_GROUPED_BF16_NN_PAIR: d[seg] bf16 = a[seg] @ b[e] + a2[seg] @ b2[e] (b, b2 [E, k, n]; d2 = 0;
+k a multiple of 64)
+3 K_GROUPED_BF16_TN: d[e] bf16 [k, n] = a[seg]^T @ b[seg], a bf16 [rows, k], b bf16 [rows, n];
+zeros if R = 0
+4 M_GROUPED_MXFP8_NT: 0 with b (and b2) MXFP8 weights: float8_e4m3fn [E, n, k] bytes and
+`b_scale` (`b2_scale`) their scale tiles as mxfp8_quantize writes them; n and k multiples of 128
+5 M_GROUPED_BF16_NT_SWIGLU: 0's gate (a, b, d) and up (a2 = a, b2, d2) in one launch, plus
+`hidden` bf16 [R, n] = silu(min(gate, L)) * clamp(up, -L, L) of the stored bf16 gate and up
+(L = `limit` if `has_limit`); n a multiple of 128
+6 M_GROUPED_MXFP8_NT_F16_ROWS: 4 with a float16 [R, k] rebased per row, `a_exponent` uint8
+[R + 272] its rows' exponents (row r's values are a[r] * 2^(a_exponent[r] - 127); 272 bytes of
+padding), `b_scale` (`b2_scale`) the weights' f16 factor tiles (2^(scale byte - weight row
+exponent), the scale tiles' layout) and `b_exponent` (`b2_exponent`) uint8 [E * n] the weight
+rows' exponents
+7 M_GROUPED_MXFP8_NT_F32: 4 with d fp32 (the unrounded sums)
+8 M_GROUPED_MXFP8_NT_PAIR: 2 with b and b2 MXFP8 weights as in 4, each [E, n, k] (k a multiple
+of 128)
+9 K_GROUPED_MXFP8_TN: 3 with b MXFP8 as stored: float8_e4m3fn [n, total_rows] (b's rows
+transposed, blocks of 32 rows) and `b_scale` its scale tiles; n, k and total_rows multiples of
+128, every segment starting at a multiple of 128 rows (else that expert's d is NaN)
+The M-grouped kinds also zero their outputs' rows from sum(rows) to total_rows (0 = leave them).
 A second operand set (a2, b2, d2; all 0 if unused) runs in the same launch. n and k must be
 multiples of 8 and every address 16-byte aligned.)doc");
 }

@@ -1,4 +1,4 @@
-// Python binding of the schedule family: argument checks, then the launches of schedule/schedule.cu.
+// Python binding of the schedule family: argument checks, then the schedule's launches.
 //
 // Arguments are raw device addresses (Python ints) and a cudaStream_t as an int, so the module has
 // no torch dependency; mok/backends/cuda_schedule.py allocates the outputs and the scratch and

@@ -27,16 +27,16 @@ constexpr KindEntry entry() {
 
 // Indexed by Kind; the binding has checked the value.
 constexpr KindEntry kEntries[kKinds] = {
-    entry<Kind::kLinear>(),
-    entry<Kind::kLinearTransposed>(),
-    entry<Kind::kLinearTransposedPair>(),
-    entry<Kind::kWeightGrad>(),
-    entry<Kind::kLinearMxWeight>(),
-    entry<Kind::kLinearSwiGLU>(),
-    entry<Kind::kLinearMxWeightF16>(),
-    entry<Kind::kLinearMxWeightFloat>(),
-    entry<Kind::kLinearMxWeightPair>(),
-    entry<Kind::kWeightGradMx>(),
+    entry<Kind::M_GROUPED_BF16_NT>(),
+    entry<Kind::M_GROUPED_BF16_NN_F32>(),
+    entry<Kind::M_GROUPED_BF16_NN_PAIR>(),
+    entry<Kind::K_GROUPED_BF16_TN>(),
+    entry<Kind::M_GROUPED_MXFP8_NT>(),
+    entry<Kind::M_GROUPED_BF16_NT_SWIGLU>(),
+    entry<Kind::M_GROUPED_MXFP8_NT_F16_ROWS>(),
+    entry<Kind::M_GROUPED_MXFP8_NT_F32>(),
+    entry<Kind::M_GROUPED_MXFP8_NT_PAIR>(),
+    entry<Kind::K_GROUPED_MXFP8_TN>(),
 };
 
 }  // namespace dispatch

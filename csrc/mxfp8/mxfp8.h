@@ -51,8 +51,8 @@ struct GatherArgs {
   int divisor = 1;
   int ep = 1;
   // Non-null (EP 1: the local source's rows): uint8 [src_rows] exponent bytes R. The rounded
-  // values are then written as f16 times 2^(127 - R) of their source row (kind 6's rebased
-  // rows) and each row's R in QuantizeArgs::row_exponents (0 on padding rows).
+  // values are then written as f16 times 2^(127 - R) of their source row (the f16-rows GEMM's
+  // rebased rows) and each row's R in QuantizeArgs::row_exponents (0 on padding rows).
   const uint8_t* src_exponents = nullptr;
 };
 
@@ -109,8 +109,8 @@ struct DequantizeArgs {
 
 cudaError_t launch_dequantize(const DequantizeArgs& args, cudaStream_t stream);
 
-// An MXFP8 weight's operands for the f16 GEMM (kLinearMxWeightF16) from its scale tiles
-// `scale` uint8 [rows/128, cols/128, 32, 16]: `row_exponents` uint8 [rows], each row's
+// An MXFP8 weight's operands for the f16 GEMM (M_GROUPED_MXFP8_NT_F16_ROWS) from its scale
+// tiles `scale` uint8 [rows/128, cols/128, 32, 16]: `row_exponents` uint8 [rows], each row's
 // largest scale byte (255, NaN, left out) minus 7, at least 0; `factors` f16 in the scale
 // tiles' layout, 2^(E - R) for scale byte E of a row with exponent R (0 below 2^-24, NaN for
 // 255). rows and cols are multiples of 128.
@@ -126,8 +126,8 @@ cudaError_t launch_rebase_weight(const RebaseWeightArgs& args, cudaStream_t stre
 
 // The exponent byte R of each row of bf16 x [rows, cols] (cols a multiple of 8): the biased
 // exponent of the row's largest magnitude minus 14, at least 0, so that x * 2^(127 - R) puts it
-// in [2^14, 2^15) and its MXFP8 rounding at most at 2^15 (kind 6's rebased rows;
-// launch_gather_round's src_exponents).
+// in [2^14, 2^15) and its MXFP8 rounding at most at 2^15 (M_GROUPED_MXFP8_NT_F16_ROWS's rebased
+// rows; launch_gather_round's src_exponents).
 struct RowExponentsArgs {
   const void* x = nullptr;
   void* out = nullptr;  // uint8 [rows]

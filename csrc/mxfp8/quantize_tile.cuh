@@ -155,8 +155,8 @@ __device__ __forceinline__ void store_packed16(uint16_t* dst,
 }
 
 // Stores the values a GEMM reads for a row chunk quantized (along the row) with `scale`: bf16,
-// or (kF16) f16 times `rebase` = 2^(127 - R) for the row's exponent byte R, kind 6's operand
-// (exact while the value stays within f16's range: R puts the row's largest under 2^16).
+// or (kF16) f16 times `rebase` = 2^(127 - R) for the row's exponent byte R, the f16-rows GEMM's
+// operand (exact while the value stays within f16's range: R puts the row's largest under 2^16).
 template <bool kF16 = false>
 __device__ __forceinline__ void store_rounded_chunk(uint16_t* dst,
                                                     const uint32_t (&w)[kWordsPerChunk],

@@ -1,4 +1,4 @@
-// The exponent bytes of the f16 GEMM's rebased rows (grouped_gemm.h's kLinearMxWeightF16).
+// The exponent bytes of the f16 GEMM's rebased rows (grouped_gemm.h's M_GROUPED_MXFP8_NT_F16_ROWS).
 // Weights: each row's exponent byte R (its largest scale byte minus 7, so that 448 * 2^(E - R)
 // stays under f16's 65504) and each scale block's f16 factor 2^(E - R), in the scale tiles'
 // layout; one CTA per 128-row scale tile. Activations: each bf16 row's R, which puts its

@@ -38,9 +38,9 @@ template <Kind kKind, class LayoutA, class LayoutB, class ElementD,
 struct GroupedGemm {
   static constexpr Kind kind = kKind;
   static constexpr bool kPaired = pairs_along_k(kKind);
-  static constexpr bool kMxWeightF16 = kKind == Kind::kLinearMxWeightF16;
+  static constexpr bool kMxWeightF16 = kKind == Kind::M_GROUPED_MXFP8_NT_F16_ROWS;
   static constexpr bool kMxWeight = reads_mx_weight(kKind);
-  static constexpr bool kSwiglu = kKind == Kind::kLinearSwiGLU;
+  static constexpr bool kSwiglu = kKind == Kind::M_GROUPED_BF16_NT_SWIGLU;
   using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
   using Element = std::conditional_t<kMxWeightF16, cutlass::half_t, cutlass::bfloat16_t>;
   using ElementC = void;
@@ -52,8 +52,9 @@ struct GroupedGemm {
 
   // The MXFP8 kinds' five mainloop stages leave the epilogue ~23 KB of shared memory: room for
   // the auto epilogue tile's bf16 stages (18 KB) but not its fp32 ones (34 KB). So fp32 D
-  // (kind 7) is stored straight from the accumulator registers, whole 32-byte sectors per warp
-  // store: 1.5-3% faster than through 128 x 16 TMA tiles; the bf16 kinds' 2-byte direct stores
+  // (M_GROUPED_MXFP8_NT_F32) is stored straight from the accumulator registers, whole 32-byte
+  // sectors per warp store: 1.5-3% faster than through 128 x 16 TMA tiles; the bf16 kinds' 2-byte
+  // direct stores
   // were 2-12% slower than their TMA tiles (benchmarks/NOTES.md v29).
   static constexpr bool kDirectStore = kMxWeight && sizeof(ElementD) == 4;
   using EpilogueSchedule =
@@ -80,7 +81,7 @@ struct GroupedGemm {
   using Mainloop = std::conditional_t<
       kMxWeight,
       MxWeightMainloop<std::conditional_t<kPaired, PairedMainloop, BuiltMainloop>, kMxWeightF16,
-                       kPaired, kKind == Kind::kWeightGradMx>,
+                       kPaired, kKind == Kind::K_GROUPED_MXFP8_TN>,
       std::conditional_t<kPaired, PairedMainloop,
                          std::conditional_t<kSwiglu, GateUpMainloop<BuiltMainloop>,
                                             BuiltMainloop>>>;
@@ -148,8 +149,8 @@ struct GroupedGemm {
               {args.sets[0].b, args.sets[1].b},
               {args.sets[0].b_scale, args.sets[1].b_scale},
               static_cast<int>(args.n),
-              // kWeightGradMx: the MXFP8 operand's K is the routed buffer's rows.
-              static_cast<int>(kKind == Kind::kWeightGradMx ? args.total_rows : args.k),
+              // K_GROUPED_MXFP8_TN: the MXFP8 operand's K is the routed buffer's rows.
+              static_cast<int>(kKind == Kind::K_GROUPED_MXFP8_TN ? args.total_rows : args.k),
               args.experts,
               {args.sets[0].b_exponent, args.sets[1].b_exponent},
               {args.sets[0].a_exponent, args.sets[1].a_exponent},

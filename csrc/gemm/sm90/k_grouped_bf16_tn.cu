@@ -2,6 +2,6 @@
 // order): the three weight gradients.
 #if defined(MOK_ARCH_sm_90a)
 #include "gemm/sm90/grouped_kernel.cuh"
-MOK_DEFINE_GROUPED_KIND(kWeightGrad, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor,
+MOK_DEFINE_GROUPED_KIND(K_GROUPED_BF16_TN, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor,
                         cutlass::bfloat16_t)
 #endif

@@ -3,6 +3,6 @@
 // weight gradients, computed transposed (D^T = x_t[:, seg] @ d_out[seg], column-major D).
 #if defined(MOK_ARCH_sm_90a)
 #include "gemm/sm90/grouped_kernel.cuh"
-MOK_DEFINE_GROUPED_KIND(kWeightGradMx, cutlass::layout::RowMajor, cutlass::layout::RowMajor,
+MOK_DEFINE_GROUPED_KIND(K_GROUPED_MXFP8_TN, cutlass::layout::RowMajor, cutlass::layout::RowMajor,
                         cutlass::bfloat16_t, cutlass::layout::ColumnMajor)
 #endif

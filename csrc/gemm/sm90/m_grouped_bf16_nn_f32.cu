@@ -2,6 +2,6 @@
 // term of d_x.
 #if defined(MOK_ARCH_sm_90a)
 #include "gemm/sm90/grouped_kernel.cuh"
-MOK_DEFINE_GROUPED_KIND(kLinearTransposed, cutlass::layout::RowMajor, cutlass::layout::RowMajor,
+MOK_DEFINE_GROUPED_KIND(M_GROUPED_BF16_NN_F32, cutlass::layout::RowMajor, cutlass::layout::RowMajor,
                         float)
 #endif

@@ -2,6 +2,6 @@
 // the backward's d_x = d_gate @ W_gate + d_up @ W_up.
 #if defined(MOK_ARCH_sm_90a)
 #include "gemm/sm90/grouped_kernel.cuh"
-MOK_DEFINE_GROUPED_KIND(kLinearTransposedPair, cutlass::layout::RowMajor,
+MOK_DEFINE_GROUPED_KIND(M_GROUPED_BF16_NN_PAIR, cutlass::layout::RowMajor,
                         cutlass::layout::RowMajor, cutlass::bfloat16_t)
 #endif

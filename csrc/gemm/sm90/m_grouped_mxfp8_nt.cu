@@ -2,6 +2,6 @@
 // MXFP8 forward's gate, up and down GEMMs, computed transposed (D^T = W @ X^T, column-major D).
 #if defined(MOK_ARCH_sm_90a)
 #include "gemm/sm90/grouped_kernel.cuh"
-MOK_DEFINE_GROUPED_KIND(kLinearMxWeight, cutlass::layout::RowMajor, cutlass::layout::ColumnMajor,
+MOK_DEFINE_GROUPED_KIND(M_GROUPED_MXFP8_NT, cutlass::layout::RowMajor, cutlass::layout::ColumnMajor,
                         cutlass::bfloat16_t, cutlass::layout::ColumnMajor)
 #endif

@@ -1,5 +1,6 @@
 // The consumer side of mx_weight_mainloop.cuh's conversion: one stage's E4M3 weight tile into
-// the registers of wgmma's A operand, bf16 (kind 4) or f16 rebased per row (kind 6).
+// the registers of wgmma's A operand, bf16 (the MXFP8 kinds) or f16 rebased per row
+// (M_GROUPED_MXFP8_NT_F16_ROWS).
 #pragma once
 
 #include <cuda_bf16.h>

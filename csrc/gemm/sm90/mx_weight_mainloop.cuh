@@ -41,19 +41,19 @@ constexpr int kScaleTileK = 128;         // K values one scale tile covers
 // kQueuedBatches + 1 of them, so the producer keeps two loads in flight.
 constexpr int kMxWeightStages = 5;
 
-// kF16 (grouped_gemm.h's kLinearMxWeightF16): f16 operands rebased per row, so the conversion is
-// E4M3 -> f16 and one f16x2 multiply by the block's f16 factor 2^(E - R_b), read from factor
-// tiles made once per weight (the scale tiles' layout, 2 bytes an entry), and the sums are
-// rescaled before the epilogue by the two rows' exponents, copied with the last k tile.
-// kPairedK (kLinearMxWeightPair, Base a PairedKMainloop): a group's reduction is two (weight,
-// rows) pairs of one shape back to back, the first half of its k tiles from set 0's weight and
-// Base's first X descriptor, the second half from set 1's and the second descriptor. Each
-// pair's k tiles are a whole number of scale tiles (K % 128 == 0), so the consumers' scale
+// kF16 (M_GROUPED_MXFP8_NT_F16_ROWS, grouped_gemm.h): f16 operands rebased per row, so the
+// conversion is E4M3 -> f16 and one f16x2 multiply by the block's f16 factor 2^(E - R_b), read
+// from factor tiles made once per weight (the scale tiles' layout, 2 bytes an entry), and the
+// sums are rescaled before the epilogue by the two rows' exponents, copied with the last k tile.
+// kPairedK (M_GROUPED_MXFP8_NT_PAIR, Base a PairedKMainloop): a group's reduction is two
+// (weight, rows) pairs of one shape back to back, the first half of its k tiles from set 0's
+// weight and Base's first X descriptor, the second half from set 1's and the second descriptor.
+// Each pair's k tiles are a whole number of scale tiles (K % 128 == 0), so the consumers' scale
 // lookup, which takes the k tile's parity, holds across the seam.
-// kRowsK (kWeightGradMx): the MXFP8 operand is an activation's transposed pair, one E4M3
+// kRowsK (K_GROUPED_MXFP8_TN): the MXFP8 operand is an activation's transposed pair, one E4M3
 // tensor [n, total_rows] whose K is the routed rows: a group's k tiles start at its segment's
-// first row (a multiple of 128, fill_tables' check: whole scale tiles with the k tiles' parity), and the other
-// operand (the gradient rows, N contiguous) is wgmma's MN-major B.
+// first row (a multiple of 128, fill_tables' check: whole scale tiles with the k tiles' parity),
+// and the other operand (the gradient rows, N contiguous) is wgmma's MN-major B.
 template <class Base, bool kF16 = false, bool kPairedK = false, bool kRowsK = false>
 struct MxWeightMainloop : CarriesGroup<Base> {
   using typename Base::MainloopPipeline;

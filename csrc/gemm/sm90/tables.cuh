@@ -44,8 +44,8 @@ struct GroupTables {
   StrideC* stride_c;
   StrideD* stride_d;
   int32_t* used;  // rows of each group's segment the GEMM computes (the rest are zero rows)
-  int64_t* row0;  // the group's first row in A (kLinearMxWeightF16 reads A's row exponents)
-  int32_t* a_shift;  // 4 words (16 bytes) per group: row0 % 16, for kLinearMxWeightF16's copies
+  int64_t* row0;  // the group's first row in A (the f16-rows kind reads A's row exponents)
+  int32_t* a_shift;  // 4 words (16 bytes) per group: row0 % 16, for the f16-rows kind's copies
 
   static size_t bytes(int groups) {
     const size_t g = static_cast<size_t>(groups);
@@ -112,7 +112,7 @@ __device__ __forceinline__ int routed_rows(const int32_t* source, int64_t row0, 
 }
 
 // The operand set and expert of group g among `groups` = experts x sets per expert (one set per
-// expert where both sets are one tile's: the pair kinds, kLinearSwiGLU). Expert-major,
+// expert where both sets are one tile's: the pair kinds, M_GROUPED_BF16_NT_SWIGLU). Expert-major,
 // g = e * sets + set: the persistent scheduler walks groups in order, so CTAs compute gate and
 // up (or their weight gradients) of one expert together and read its rows once from HBM, as
 // torch's stacked [E, 2I, H] weight does; set-major order read every row twice.
@@ -156,7 +156,7 @@ __global__ void fill_tables_kernel(GroupedArgs args, Tables tables) {
   auto* d = static_cast<ElementD*>(s.d);
   const int64_t n = args.n;
   const int64_t k = args.k;
-  if constexpr (kKind == Kind::kWeightGradMx) {
+  if constexpr (kKind == Kind::K_GROUPED_MXFP8_TN) {
     // B's k tiles and scale tiles start at the segment's first row, so it must be a multiple
     // of 128 (the schedule's segments are of 256 rows): a group where it is not gets no tiles
     // and NaN in its D (zero_empty_experts), not another segment's rows.
@@ -172,7 +172,7 @@ __global__ void fill_tables_kernel(GroupedArgs args, Tables tables) {
     tables.d[g] = d + e * k * n;
     tables.stride_a[g] = leading_stride<StrideA>(args.total_rows);
     tables.stride_b[g] = leading_stride<StrideB>(k);
-  } else if constexpr (kKind == Kind::kWeightGrad) {
+  } else if constexpr (kKind == Kind::K_GROUPED_BF16_TN) {
     // M = k (output rows), N = n, K = the segment's routed rows: A = a^T (M contiguous), B = b
     // (N contiguous). A segment without routed rows gets no tiles (M = 0); zero_empty_experts
     // writes its zeros.
@@ -185,7 +185,7 @@ __global__ void fill_tables_kernel(GroupedArgs args, Tables tables) {
   } else if constexpr (reads_mx_weight(kKind)) {
     // Computed transposed (mx_weight_mainloop.cuh): M = n (the weight's rows), N = the routed
     // rows. A is the expert's E4M3 weight, handed to the mainloop's bf16 placeholder descriptor
-    // only (its own descriptor reads the bytes). kLinearMxWeightPair: two (weight, rows) pairs
+    // only (its own descriptor reads the bytes). M_GROUPED_MXFP8_NT_PAIR: two (weight, rows) pairs
     // of one shape along K.
     const bool paired = pairs_along_k(kKind);
     tables.shapes[g] = {static_cast<int>(n), used, static_cast<int>(paired ? 2 * k : k)};
@@ -200,17 +200,18 @@ __global__ void fill_tables_kernel(GroupedArgs args, Tables tables) {
     }
   } else {
     const bool paired = pairs_along_k(kKind);
-    // kLinearSwiGLU's tiles hold gate's and up's columns side by side (gate_up_mainloop.cuh),
-    // whose fixed descriptors read the weights: B here is a placeholder address.
-    const bool gate_up = kKind == Kind::kLinearSwiGLU;
+    // M_GROUPED_BF16_NT_SWIGLU's tiles hold gate's and up's columns side by side
+    // (gate_up_mainloop.cuh), whose fixed descriptors read the weights: B here is a placeholder
+    // address.
+    const bool gate_up = kKind == Kind::M_GROUPED_BF16_NT_SWIGLU;
     tables.shapes[g] = {used, static_cast<int>(gate_up ? 2 * n : n),
                         static_cast<int>(paired ? 2 * k : k)};
     tables.a[g] = a + row0 * k;
     tables.b[g] = b + e * n * k;
     tables.d[g] = d + row0 * n;
     tables.stride_a[g] = leading_stride<StrideA>(k);
-    // kLinear*: B[e] is [N, K] (K contiguous); the transposed kinds: [K, N] (N contiguous).
-    const bool k_major = kKind == Kind::kLinear || gate_up;
+    // The NT kinds: B[e] is [N, K] (K contiguous); the NN kinds: [K, N] (N contiguous).
+    const bool k_major = kKind == Kind::M_GROUPED_BF16_NT || gate_up;
     tables.stride_b[g] = leading_stride<StrideB>(k_major ? k : n);
     if (paired) {  // the same shapes and strides as the first pair
       tables.a2[g] = static_cast<const Element*>(args.sets[1].a) + row0 * k;
@@ -237,7 +238,7 @@ __global__ void zero_empty_experts_kernel(GroupedArgs args, const int32_t* used)
   }
 }
 
-// Output blockIdx.y of a launch: each operand set's D, then kLinearSwiGLU's hidden.
+// Output blockIdx.y of a launch: each operand set's D, then M_GROUPED_BF16_NT_SWIGLU's hidden.
 __device__ __forceinline__ void* output(const GroupedArgs& args, int index) {
   return index < kMaxSets ? args.sets[index].d : args.hidden;
 }
@@ -278,7 +279,7 @@ cudaError_t fill_tables(const GroupedArgs& args, const Tables& tables, int group
   } else if (args.row_source != nullptr || args.total_rows > 0) {
     const int64_t row_bytes = args.n * static_cast<int64_t>(sizeof(typename Tables::ElementOut));
     const int outputs = pairs_along_k(kKind) ? 1
-                        : kKind == Kind::kLinearSwiGLU   ? kMaxSets + 1
+                        : kKind == Kind::M_GROUPED_BF16_NT_SWIGLU   ? kMaxSets + 1
                                                          : args.num_sets;
     const int sets_per_expert = args.experts > 0 ? groups / args.experts : 1;
     zero_uncomputed_rows_kernel<><<<dim3(132, outputs), 256, 0, stream>>>(
