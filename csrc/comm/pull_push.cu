@@ -58,11 +58,10 @@ __device__ __forceinline__ void pull_slice(const PullArgs& a, int64_t row, int64
 // Column slices outermost (a slice is one batch of loads of the team): every row's slice before
 // the next slice. A source row is read by up to `divisor` routed rows spread over the whole
 // schedule; slice by slice, the source bytes in use at once are one slice of every source row
-// (a few MB, held in L2 between their reads) instead of whole rows (all of x, evicted by the
-// pass's stores: 22% L2 read hits on the Qwen3.5-like forward, NOTES v32). A team's rows are
-// the same in every slice, and the next row's entry is loaded during this row's copy, so the
-// slices add no schedule lookups to wait for (loaded with each copy, they made the pull 7%
-// slower, NOTES v33).
+// (a few MB, held in L2 between their reads) instead of whole rows (all of x, which the pass's
+// stores evict from L2 before their next reads; docs/exchanges.md, pulls). A team's rows are the
+// same in every slice, and the next row's entry is loaded during this row's copy, so the slices
+// add no schedule lookups to wait for (loaded with each copy, they made the pull slower).
 template <typename V>
 __global__ void __launch_bounds__(kCopyThreads) pull_kernel(PullArgs a, int lane_shift) {
   const Team team = grid_team(lane_shift);

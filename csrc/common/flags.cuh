@@ -18,9 +18,9 @@ namespace mok::comm {
 // Bit of the device status word (mok/status.py TIMEOUT).
 constexpr int kStatusTimeout = 4;
 
-// Longest pause between two polls of a flag: short against the ~2.5 us cross-GPU round trip, so
-// backing off costs little latency, long enough that a waiting warp leaves the SM's issue slots
-// to other warps.
+// Longest pause between two polls of a flag: short against a cross-GPU round trip, so backing
+// off costs little latency, long enough that a waiting warp leaves the SM's issue slots to other
+// warps.
 constexpr unsigned kMaxPollSleepNs = 256;
 
 __device__ __forceinline__ uint64_t global_timer_ns() {

@@ -3,9 +3,10 @@
 // A team of `lanes` consecutive threads (a power of two, at most a warp) moves one row at a time:
 // a warp per row for wide rows, so each load instruction of the warp covers 512 contiguous bytes;
 // narrower teams (down to one thread) for rows of a few vectors, so no lane idles. Each lane keeps
-// kCopyUnroll loads in flight before it stores: NVLink has microseconds of latency, and only many
-// outstanding requests per SM reach its bandwidth. The same functions serve local<-peer (pull) and
-// peer<-local (push): a peer address from symmetric memory is an ordinary global pointer.
+// kCopyUnroll loads in flight before it stores: a peer load's latency is long, and only many
+// outstanding requests per SM reach NVLink's bandwidth. The same functions serve local<-peer
+// (pull) and peer<-local (push): a peer address from symmetric memory is an ordinary global
+// pointer.
 #pragma once
 
 #include <cstdint>

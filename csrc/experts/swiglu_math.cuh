@@ -27,7 +27,7 @@ __device__ __forceinline__ float exp_subnormals_flushed(float x) {
 // silu(min(gate, L)) * clamp(up, -L, L) in fp32, before the store's rounding to bf16. exp and
 // the division are the hardware's approximations (ex2 and rcp: a few fp32 ulps, far below
 // bf16's rounding), not the IEEE-exact forms, which took ~20 instructions an element and kept
-// the fused SwiGLU + MXFP8 pass issue-bound (NOTES v25). For g below ~-87, where 1 + exp(-g)
+// the fused SwiGLU + MXFP8 pass issue-bound. For g below ~-87, where 1 + exp(-g)
 // passes 2^126, __fdividef gives 0 for silu's tiny negative value.
 __device__ __forceinline__ float swiglu_value(float gate, float up, bool has_limit, float limit) {
   const float g = clamp_gate(gate, has_limit, limit);

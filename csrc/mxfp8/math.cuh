@@ -66,8 +66,8 @@ __device__ __forceinline__ float inverse_scale(int e) {
 
 // 2^(byte - 127) for bytes 0..254 (0 the subnormal 2^-127), without a test for E8M0's NaN
 // (255): M_GROUPED_MXFP8_NT_F16_ROWS's rescale multiplies every accumulator by two of these, and
-// a branch per accumulator cost several thousand cycles a tile (benchmarks/NOTES.md v17). The one home of
-// the byte -> 2^(byte - 127) rule; the two forms below add the NaN.
+// a branch per accumulator cost several thousand cycles a tile. The one home of the
+// byte -> 2^(byte - 127) rule; the two forms below add the NaN.
 __device__ __forceinline__ float exponent_value(uint32_t byte) {
   return __uint_as_float(byte != 0u ? byte << 23 : 0x00400000u);
 }

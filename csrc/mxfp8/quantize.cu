@@ -128,8 +128,8 @@ __device__ __forceinline__ void quantize_tile_at(const Params& p, int64_t id) {
 // every row tile of a 128-column block before the next block. A source row is read by up to
 // `divisor` routed rows spread over the whole schedule, and with the columns outermost the CTAs
 // resident at once share one block's columns of the source (a few MB, held in L2 between its
-// reads) instead of whole rows (all of x, evicted by the pass's stores: 13% L2 read hits on the
-// Qwen3.5-like forward, NOTES v32). 32-bit arithmetic: the binding keeps the tiles below 2^31.
+// reads) instead of whole rows (all of x, which the pass's stores evict from L2 before their next
+// reads; docs/exchanges.md, pulls). 32-bit arithmetic: the binding keeps the tiles below 2^31.
 __device__ __forceinline__ Tile gather_tile(uint32_t id, uint32_t tiles_m) {
   Tile t;
   t.m_tile = static_cast<int>(id % tiles_m);
@@ -142,7 +142,7 @@ __device__ __forceinline__ Tile gather_tile(uint32_t id, uint32_t tiles_m) {
 
 // A gathering source's tiles: blockIdx.x + k * gridDim.x (one per CTA on a grid of every tile),
 // those at or past *used_rows skipped. The tile's position is computed while *used_rows loads:
-// walking the used tiles only, it waited for the load and made the pass 2.6% slower (NOTES v35).
+// walking the used tiles only, it waited for the load and made the pass slower.
 template <class Source, int kLayouts>
 __device__ __forceinline__ void quantize_tiles_in_turn(const Params& p) {
   const int64_t used = p.used_rows != nullptr ? *p.used_rows : p.rows;
@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const Params p) {
 // A kernel with an explicit minimum of CTAs per SM (Source::kMinCtas), for the forms that
 // ptxas would otherwise give more registers than that occupancy allows. A separate kernel
 // because an explicit minimum of 1 is not the same as none: it let ptxas give the other forms
-// 92-96 registers (2 CTAs per SM; NOTES v18).
+// 92-96 registers (2 CTAs per SM).
 template <class Source, int kLayouts, int kMinCtas>
 __global__ void __launch_bounds__(kThreads, kMinCtas) quantize_kernel_bounded(const Params p) {
   quantize_tiles<Source, kLayouts>(p);

@@ -128,9 +128,9 @@ struct ScaledLoadSource : LoadSource {
 // kernel.
 struct GatherSource : RegisterRows {
   static constexpr bool kInTurns = true;
-  // The rebased gather: 4 (64 registers); left alone it took 80 and ran 20-30% slower (1x
-  // H200, NOTES v17, v18). The plain one: 5 (48 registers, no spills since its packed rounding;
-  // 63 and 4 CTAs left alone): 0.236 -> 0.227 ms on the Qwen3.5-like forward (NOTES v25).
+  // The rebased gather: 4 (64 registers); left alone it took 80 and ran markedly slower. The
+  // plain one: 5 (48 registers, no spills since its packed rounding; 63 and 4 CTAs left alone,
+  // which was slower).
   template <int kLayouts>
   static constexpr int kMinCtas = (kLayouts & kRebased) != 0 ? 4 : 5;
   uint32_t exponent[kPasses];  // kRebased: each pass's row's exponent byte (0: padding)
@@ -205,7 +205,7 @@ struct ScaledGatherSource : GatherSource {
 // gate and up quantized (normal layout) from the same registers. The loads go in a ring of two
 // passes: a pass's 4 x 16 B are issued as soon as the pass two before it is consumed, so loads
 // stay in flight during the SwiGLU math (loading all 4 passes up front took 109 registers, 2
-// CTAs per SM, and 0.370 ms on 1x H200 for 27648 x 3072, against 80 registers and 0.325 ms).
+// CTAs per SM, and was slower than the ring's 80 registers).
 // kLimit: whether a limit is set (Params::has_limit), a template argument so that the common
 // unclamped form carries no per-element clamp or flag test.
 template <bool kLimit>

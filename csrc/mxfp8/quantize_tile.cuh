@@ -60,7 +60,7 @@ __device__ __forceinline__ uint4 load16(const void* ptr) {
 // One 16-byte store instruction. Written as a plain uint4 assignment, nvcc split some of these
 // stores into four 4-byte ones (packed bf16 pairs from separate registers), which quartered the
 // store width and made the rounding pass bound by L1/L2 store throughput once its arithmetic got
-// cheap (1x H200, 27648 x 7168: 0.40 ms against 0.24 with the slower arithmetic).
+// cheap.
 __device__ __forceinline__ void store16(void* ptr, uint4 value) {
   asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(ptr), "r"(value.x), "r"(value.y),
                "r"(value.z), "r"(value.w)
@@ -184,7 +184,7 @@ __device__ __forceinline__ void store_rounded_chunk(uint16_t* dst,
     const float inv = inverse_scale(scale.e);
     const float value = scale_value(static_cast<uint32_t>(scale.e + kMaxExponent));
     // Pair by pair: computing all 16 values before packing them took 7 more registers and made
-    // this pass 1.5x slower (1x H200, 27648x7168: 0.364 against 0.237 ms).
+    // this pass about 1.5x slower.
 #pragma unroll
     for (int j = 0; j < kWordsPerChunk; ++j) {
       packed[j] = pack(rounded_value(bf16_lo(w[j]), inv, value),

@@ -5,8 +5,8 @@
 // Two forms. The exact one (rounded_value) handles every input, NaN, inf and the extreme scale
 // exponents included, by cases on the bits. The fast one (rounded_value_fast) is branch-free and
 // covers the blocks that matter in practice; the rounding kernels are bound by instruction issue
-// (1x H200: ~80% of issue slots busy with the exact form), so it is the hot path and the exact
-// form the fallback for blocks it does not cover.
+// (docs/mxfp8.md, rounding passes), so it is the hot path and the exact form the fallback for
+// blocks it does not cover.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -82,7 +82,7 @@ __device__ __forceinline__ float rounded_value_fast(float x, uint32_t floor_bits
 // when the 4 dropped bits round up (on into the exponent at a binade's end, as rounding does),
 // and the mask drops them. A finite half is at most 0x7f7f | sign, so the add never carries from
 // the low half into the high one. 4 instructions a pair against the fast form's ~17; the
-// rounding kernels are issue-bound (NOTES v24).
+// rounding kernels are issue-bound.
 __device__ __forceinline__ uint32_t rounded_pair_packed(uint32_t word) {
   return (word + 0x00070007u + ((word >> 4) & 0x00010001u)) & 0xfff0fff0u;
 }

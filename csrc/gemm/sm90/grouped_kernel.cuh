@@ -53,9 +53,8 @@ struct GroupedGemm {
   // The MXFP8 kinds' five mainloop stages leave the epilogue ~23 KB of shared memory: room for
   // the auto epilogue tile's bf16 stages (18 KB) but not its fp32 ones (34 KB). So fp32 D
   // (M_GROUPED_MXFP8_NT_F32) is stored straight from the accumulator registers, whole 32-byte
-  // sectors per warp store: 1.5-3% faster than through 128 x 16 TMA tiles; the bf16 kinds' 2-byte
-  // direct stores
-  // were 2-12% slower than their TMA tiles (benchmarks/NOTES.md v29).
+  // sectors per warp store, which was faster than through 128 x 16 TMA tiles; the bf16 kinds'
+  // 2-byte direct stores were slower than their TMA tiles, so they keep them.
   static constexpr bool kDirectStore = kMxWeight && sizeof(ElementD) == 4;
   using EpilogueSchedule =
       std::conditional_t<kDirectStore, cutlass::epilogue::PtrArrayNoSmemWarpSpecialized,

@@ -72,7 +72,7 @@ struct MxWeightConverter {
     } else {
       // E4M3 pairs -> f16 -> fp32 -> bf16 (exact: E4M3 values have 4 significant bits), times
       // the block's scale as a bf16 pair, the product rounded once: five instructions a pair
-      // where two fp32 multiplies before the packing took six (benchmarks/NOTES.md v20).
+      // where two fp32 multiplies before the packing took six.
       __nv_bfloat162 scales[2][2];
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < 4; ++i) {

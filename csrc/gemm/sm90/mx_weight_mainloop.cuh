@@ -1,16 +1,16 @@
 // A CUTLASS SM90 ptr-array mainloop whose A operand is an MXFP8 weight read as it is stored
 // (E4M3 bytes, one E8M0 scale per 32 along K in mok's swizzled 128 x 128 scale tiles), so the
-// MXFP8 forward needs no bf16 copy of its weights: dequantizing them took ~0.2 ms per weight
-// on the DSV4-Pro-like shape, at the memory floor (NOTES v11).
+// MXFP8 forward needs no bf16 copy of its weights: dequantizing them is a whole pass over every
+// weight at the memory floor (docs/grouped-gemm.md, MXFP8 conversion in the mainloop).
 //
 // The GEMM is computed transposed, D^T = W[e] @ X^T, so the weight is wgmma's A operand, which
 // Hopper can take from registers: each consumer thread loads its fragment's E4M3 pairs from
 // shared memory and converts them exactly to bf16 (E4M3 -> f16 -> fp32 -> bf16, times the
 // block's scale as bf16, rounded once: mok.mxfp8.dequantize's values) while the previous k
 // tiles' wgmmas run. X (bf16) stays the shared-memory B operand, loaded and multicast as Base
-// does. At ncu's fixed clock kind 4 takes ~3.5% more cycles than kind 0 on the dequantized
-// weights at K 4096, its k loop ~2.5% more (NOTES v20; the register-sourced wgmma and the pair
-// loads ~2%, v16), less than the dequantized copy it saves (above).
+// does. The conversion costs M_GROUPED_MXFP8_NT a few percent more cycles than
+// M_GROUPED_BF16_NT on the dequantized weights, less than the dequantized copy it saves
+// (above).
 //
 // Base is the bf16 mainloop CUTLASS's CollectiveBuilder makes for this transposed problem;
 // its pipeline, B tiles and per-group B descriptor are used as they are. Redefined: the shared

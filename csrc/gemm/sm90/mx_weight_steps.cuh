@@ -8,9 +8,8 @@
 
 namespace mok::gemm::detail {
 
-// wgmma batches (k tiles) left queued while the consumer converts the next tile. With one, the
-// tensor pipe was active 86.0-86.4% of the cycles at ncu's clock; with two (and a fifth stage)
-// 87.8% (benchmarks/NOTES.md v16).
+// wgmma batches (k tiles) left queued while the consumer converts the next tile: two (with a
+// fifth stage) kept the tensor pipe busier than one.
 constexpr int kQueuedBatches = 2;
 
 template <class MainloopPipeline, class PipelineState>
@@ -33,11 +32,11 @@ struct MxWeightSteps {
 
   // A work tile's first k tile, one batch per 16-wide k block, each issued as soon as its block
   // is converted, in place of a whole conversion before the loop. Meant to start the tensor
-  // cores sooner; measured, the kernels gained 1-2.5% in their steady loop instead (ncu: the
-  // short-K down's cycles did not move; benchmarks/NOTES.md v43). ptxas serializes every wgmma
-  // (C7513) unless a block's registers are written after a wait, so each block follows a wait
-  // that lets all the earlier blocks' batches stay queued; it also does if any batch is in
-  // flight when the loop is entered, which is why this runs inside the loop's first step.
+  // cores sooner; measured, the kernels gained in their steady loop instead (the short-K down
+  // GEMM's cycles did not move). ptxas serializes every wgmma (C7513) unless a block's registers
+  // are written after a wait, so each block follows a wait that lets all the earlier blocks'
+  // batches stay queued; it also does if any batch is in flight when the loop is entered, which
+  // is why this runs inside the loop's first step.
   template <class TiledMmaT, class TensorB, class Fragment, class FrgTensorC, class Convert>
   CUTLASS_DEVICE static void issue_converting(TiledMmaT& tiled_mma, TensorB const& tCrB,
                                               Fragment& first, FrgTensorC& accum,

@@ -2,8 +2,9 @@
 // reduction the first k/kTileK tiles read (A, B) and the rest (A2, B2), so
 // D = A @ B + A2 @ B2 is one accumulation in registers. The backward's d_x = d_gate @ W_gate +
 // d_up @ W_up needs this: as two GEMMs it wrote an fp32 [rows, H] partial and read it back
-// (NOTES v11: without it the backward's GEMMs cost what torch's do on stacked operands), and the
-// weights are the caller's two tensors, so they cannot be one [2I, H] operand without a copy.
+// (without it the backward's GEMMs were no faster than torch's on stacked operands;
+// docs/grouped-gemm.md), and the weights are the caller's two tensors, so they cannot be one
+// [2I, H] operand without a copy.
 //
 // Base is the mainloop CUTLASS's CollectiveBuilder makes for KernelPtrArrayTmaWarpSpecialized*;
 // its MMA side (consumer warpgroups, pipeline, shared-memory tiles) is used as it is. What is

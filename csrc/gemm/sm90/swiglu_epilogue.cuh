@@ -7,8 +7,9 @@
 // An operator-style epilogue for CUTLASS's Sm90TmaWarpSpecializedAdapter (no shared memory,
 // no TMA stores): each thread stores its column pairs as 4-byte words; a warp's stores of two
 // consecutive 8-column chunks fill whole 32-byte sectors. In the cooperative kernel both
-// consumer warpgroups run it while the tensor cores wait, which made the launch 0.08-0.18 ms
-// slower on H200 than the GEMM + SwiGLU pair (NOTES v13), so the forward takes it on request.
+// consumer warpgroups run it while the tensor cores wait, which made the launch slower than the
+// GEMM + SwiGLU pair, so the forward takes it on request (docs/grouped-gemm.md, the SwiGLU
+// epilogue variant).
 #pragma once
 
 #include <cuda_bf16.h>
