@@ -1,4 +1,6 @@
-// Host entry point of the MXFP8 quantize kernel (defined in quantize.cu).
+// Host entry points of the MXFP8 kernels: quantize and its gathering and SwiGLU forms
+// (quantize.cu), dequantize (dequantize.cu), and the exponent bytes of the f16-rows GEMM's
+// rebased operands (rebase.cu).
 #pragma once
 
 #include <cuda_runtime_api.h>
