@@ -2,7 +2,7 @@
 // schedule rows, and the combine epilogues. Argument checks, then one launch each.
 //
 // Arguments are raw device addresses (Python ints), device tables of peer addresses
-// (MoKWorkspace.peer_ptr_tables) and a cudaStream_t as an int; mok/backends/cuda_comm.py owns the
+// (MoKWorkspace.peer_ptr_tables) and a cudaStream_t as an int; mok/backends/cuda/comm.py owns the
 // tensors, the barriers around the copies and the workspace bookkeeping.
 #pragma once
 

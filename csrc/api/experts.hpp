@@ -1,7 +1,7 @@
 // Python binding of the expert elementwise kernels: argument checks, then one launch each.
 //
 // Addresses are raw device pointers (Python ints) and the stream a cudaStream_t as an int;
-// mok/backends/cuda_experts.py allocates the outputs with torch.
+// mok/backends/cuda/elementwise.py allocates the outputs with torch.
 #pragma once
 
 #include <pybind11/pybind11.h>

@@ -1,7 +1,7 @@
 // Python binding of the grouped expert GEMMs: argument checks, then the table kernel and the GEMM.
 //
 // Addresses are raw device pointers (Python ints) and the stream a cudaStream_t as an int;
-// mok/backends/cuda_gemm.py allocates the outputs and the scratch bytes with torch.
+// mok/backends/cuda/grouped_gemm.py allocates the outputs and the scratch bytes with torch.
 #pragma once
 
 #include <pybind11/pybind11.h>

@@ -1,7 +1,8 @@
 // Python binding of the MXFP8 quantize family: argument checks, then one launch.
 //
 // Arguments are raw device addresses (Python ints) and a cudaStream_t as an int, so the module has
-// no torch dependency; mok/backends/cuda.py allocates the tensors and passes their data_ptr().
+// no torch dependency; mok/backends/cuda/mxfp8.py allocates the tensors and passes their
+// data_ptr().
 #pragma once
 
 #include <pybind11/pybind11.h>

@@ -1,7 +1,7 @@
 // Python binding of the schedule family: argument checks, then the schedule's launches.
 //
 // Arguments are raw device addresses (Python ints) and a cudaStream_t as an int, so the module has
-// no torch dependency; mok/backends/cuda_schedule.py allocates the outputs and the scratch and
+// no torch dependency; mok/backends/cuda/schedule.py allocates the outputs and the scratch and
 // passes their data_ptr().
 #pragma once
 

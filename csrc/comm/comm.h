@@ -4,7 +4,7 @@
 //
 // None of them uses multicast: data moves with 16-byte loads and stores through peer pointers
 // of PyTorch symmetric memory, and ranks synchronise through epoch-tagged flag words (the
-// barrier). The copy kernels do not synchronise by themselves; mok/backends/cuda_comm.py brackets
+// barrier). The copy kernels do not synchronise by themselves; mok/backends/cuda/comm.py brackets
 // them with barriers, which the stream orders around them:
 //   - data a kernel stores into peers' memory is fenced at system scope by every storing thread
 //     before it exits, then the barrier's release store publishes it;
@@ -79,7 +79,7 @@ struct PushArgs {
 };
 
 // Zeroes this rank's destination rows of the routes nobody pushes (routing[slot] < 0), so that a
-// combine need not clear its whole destination first (mok/_routes.py says when that holds).
+// combine need not clear its whole destination first (mok/schedule.py says when that holds).
 struct ZeroUnroutedArgs {
   const int32_t* routing = nullptr;  // [slots] this rank's expert id of each route, -1 if none
   void* dest = nullptr;              // local [slots, row_bytes]

@@ -4,8 +4,8 @@
 // They run over the schedule's routed rows and read the padded row count (`num_tokens`) on the
 // device: rows past it cost no arithmetic and are written as zeros, or left as they are
 // (zero_rest false), so a buffer sized for the worst case costs only what the step uses. Every
-// value is computed in fp32 and rounded once where it is stored, in the order
-// mok.backends.reference_experts spells out.
+// value is computed in fp32 and rounded once where it is stored, in the order mok.experts
+// spells out.
 #pragma once
 
 #include <cuda_runtime_api.h>

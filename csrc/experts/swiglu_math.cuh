@@ -1,7 +1,7 @@
 // The SwiGLU forward of one element, shared by every kernel that computes it (the plain SwiGLU
 // kernel and the fused SwiGLU + MXFP8 quantizer), so both round the same fp32 value.
 //
-// Reference: mok.backends.reference_experts.swiglu, torch's F.silu(x) = x / (1 + exp(-x)).
+// Reference: mok.experts.swiglu, torch's F.silu(x) = x / (1 + exp(-x)).
 #pragma once
 
 namespace mok::experts {
