@@ -1,4 +1,4 @@
-"""The expert elementwise kernels (csrc/experts.cu) on the schedule's routed rows.
+"""The expert elementwise kernels (csrc/experts/elementwise.cu) on the schedule's routed rows.
 
 Each touches only the rows the schedule uses (`num_tokens`, read on the device) and writes zeros
 past them, computing in fp32 and rounding once where it stores, as the reference does.

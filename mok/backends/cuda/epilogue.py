@@ -1,6 +1,6 @@
-"""The combine epilogues on CUDA (csrc/epilogue.cu): each token's k routed rows summed in fp32 in
-slot order onto its shared-expert row, weighted by the router weights in the forward. Bit for
-bit the arithmetic of mok.ops.fwd_epilogue / bwd_epilogue's reference loops.
+"""The combine epilogues on CUDA (csrc/comm/combine_epilogue.cu): each token's k routed rows
+summed in fp32 in slot order onto its shared-expert row, weighted by the router weights in the
+forward. Bit for bit the arithmetic of the reference backend's epilogues.
 
 Neither allocates anything but its output nor synchronises, so both are capturable in a CUDA
 graph; they run on `torch.cuda.current_stream()`. Inputs may start at any 2-byte address and

@@ -1,4 +1,4 @@
-"""mok's grouped expert GEMMs (csrc/sm90: CUTLASS TMA + wgmma kernels, sm_90a) on the schedule.
+"""mok's grouped expert GEMMs (csrc/gemm/sm90: CUTLASS TMA + wgmma kernels, sm_90a) on the schedule.
 
 Every GEMM runs over the schedule's expert segments: `rows[e]` (the schedule's padded
 `tokens_per_expert`, on the device) consecutive routed rows per local expert, so no launch reads

@@ -1,4 +1,4 @@
-"""The routed-row schedule on the GPU (csrc/schedule.cu): same contract and bits as
+"""The routed-row schedule on the GPU (csrc/schedule/schedule.cu): same contract and bits as
 `mok.backends.reference.schedule`, no host synchronisation, capturable in a CUDA graph.
 
 Torch allocates the outputs and the kernels' scratch; the extension gets their addresses and the
@@ -13,8 +13,8 @@ import torch
 from mok._arguments import check_multiple, check_range, check_tensor
 from mok.backends.cuda import extension as _extension
 
-# csrc/schedule.h kMaxLocalExperts: the place kernel keeps one shared int32 counter per local
-# expert and warp in 32 KiB (a CPU test keeps the two equal).
+# csrc/schedule/schedule.h kMaxLocalExperts: the place kernel keeps one shared int32 counter per
+# local expert and warp in 32 KiB (a CPU test keeps the two equal).
 MAX_LOCAL_EXPERTS = 8192
 _INT32_MAX = 2**31 - 1
 
