@@ -5,6 +5,7 @@ current one); and the alignment helper."""
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -50,3 +51,11 @@ def test_aligned_copies_only_a_misaligned_view():
     view = base[1:17]
     fixed = extension.aligned(view)
     assert fixed.data_ptr() % extension.ALIGNMENT == 0 and torch.equal(fixed, view)
+
+
+def test_the_modules_are_looked_for_in_the_mok_package():
+    """The build puts mok/_C_<arch>*.so beside mok/__init__.py; the loader, now in
+    mok/backends/cuda/, once looked beside itself and found none in an installed wheel."""
+    import mok
+
+    assert Path(mok.__file__).resolve().parent == extension._PACKAGE_DIR

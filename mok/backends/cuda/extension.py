@@ -33,7 +33,8 @@ MODULE_NAMES: dict[str, str] = {
     "sm_103a": "_C_sm103a",
 }
 
-_PACKAGE_DIR = Path(__file__).resolve().parent
+# The mok package's folder (this file sits in mok/backends/cuda/): the build puts the modules there.
+_PACKAGE_DIR = Path(__file__).resolve().parents[2]
 
 
 @functools.cache
