@@ -49,13 +49,16 @@ lock: env
 		--python-platform x86_64-manylinux_2_28 --generate-hashes --no-header \
 		--custom-compile-command "make lock" -o requirements.lock
 
-# The benchmark on this machine: GPUS=N ranks through torchrun (CPU: the --smoke mode).
+# The benchmark on this machine: GPUS=N ranks through torchrun (CPU: the --smoke mode). Its rows
+# are appended to RESULTS (git ignores benchmarks/local/); on a GPU,
+# RESULTS=benchmarks/results.jsonl appends them to the committed table. The chart of the newest
+# run goes to benchmarks/local/chart.png.
 GPUS ?= 1
+RESULTS ?= benchmarks/local/results.jsonl
 run-benchmarks: env
 	PYTHONPATH=. $(VENV)/bin/torchrun --standalone --nproc-per-node=$(GPUS) benchmarks/run.py \
-		--out benchmarks/results/local $(if $(shell nvidia-smi -L 2>/dev/null),,--smoke)
-	PYTHONPATH=. $(PY) benchmarks/plot.py benchmarks/results/local/results.json \
-		--out benchmarks/results/local/chart.png
+		--out $(RESULTS) $(if $(shell nvidia-smi -L 2>/dev/null),,--smoke)
+	PYTHONPATH=. $(PY) benchmarks/plot.py $(RESULTS) --out benchmarks/local/chart.png
 
 clean:
 	rm -rf build dist $(VENV) .venv-test

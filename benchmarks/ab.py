@@ -6,13 +6,13 @@
 An arm is NAME=PATH: a wheel, installed with pip into DIR/site-NAME (no dependencies, no index:
 the device machine has no network), or a directory that holds the `mok` package, used as it is.
 The arms run one after the other within each round, so every arm meets the GPU in the same
-states (clocks and temperature drift over minutes; NOTES.md "Method"), and the spread between
+states (clocks and temperature drift over minutes; README.md, "Method"), and the spread between
 rounds shows how much a difference between arms means. Each measurement is run.py's, through
-torchrun, into DIR/NAME-ROUND/results.json; the table gives per system, shape and EP every arm's
+torchrun, into DIR/NAME-ROUND/results.jsonl; the table gives per system, shape and EP every arm's
 forward and backward medians round by round (the passes' GEMMs alone, run.py's `gemms:` lines,
 included; mok's eager passes also with their GPU busy ms, the steady measure of a build's GPU
 work where the host sets the timed ms), and DIR/ab.json holds them with the `mok` each arm
-imported (its path and build commit, from run.py's environment record).
+imported (its path and build commit, from run.py's rows).
 """
 
 from __future__ import annotations
@@ -25,7 +25,10 @@ import sys
 import time
 from pathlib import Path
 
+import results
+
 RUN = Path(__file__).resolve().parent / "run.py"
+ROWS = "results.jsonl"
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -88,7 +91,7 @@ def run_arm(site: Path, out: Path, nproc: int, options: list[str], timeout_s) ->
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH")) if p)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    command += [f"--nproc-per-node={nproc}", str(RUN), "--out", str(out), *options]
+    command += [f"--nproc-per-node={nproc}", str(RUN), "--out", str(out / ROWS), *options]
     subprocess.run(command, env=env, check=True, timeout=timeout_s, cwd=out)
 
 
@@ -97,35 +100,24 @@ def collect(out: Path, names: list[str], rounds: int) -> list[dict]:
     rows: dict[tuple, dict] = {}
     for name in names:
         for r in range(1, rounds + 1):
-            data = json.loads((out / f"{name}-{r}" / "results.json").read_text())
-            for run in data["runs"]:
-                _add_run(rows, name, run)
+            _add_run(rows, name, results.load(out / f"{name}-{r}" / ROWS))
     return list(rows.values())
 
 
-def _measurements(rec: dict):
-    """(system, forward timing, backward timing, GPU busy ms) of a record, then of the passes'
-    GEMMs alone that a baseline record carries (run.py's `gemms:<kernels>` lines)."""
-    yield rec["system"], rec.get("fwd"), rec.get("bwd"), rec.get("gpu_busy_ms") or {}
-    for kernels, timings in (rec.get("gemm_pass") or {}).items():
-        yield f"gemms:{kernels}", timings.get("fwd"), timings.get("bwd"), {}
-
-
-def _add_run(rows: dict[tuple, dict], name: str, run: dict) -> None:
-    """One run.py run's records into `rows`, as arm `name`'s next round."""
-    env = run["env"]
-    for rec in run["records"]:
-        for system, fwd, bwd, busy in _measurements(rec):
-            key = (system, rec["shape"], rec["ep"])
-            row = rows.setdefault(key, {"system": system, "shape": key[1], "ep": key[2]})
-            lists = ("fwd_ms", "bwd_ms", "fwd_busy_ms", "bwd_busy_ms")
-            arm = row.setdefault(name, {k: [] for k in lists})
-            arm["fwd_ms"].append((fwd or {}).get("median_ms"))
-            arm["bwd_ms"].append((bwd or {}).get("median_ms"))
-            arm["fwd_busy_ms"].append(busy.get("fwd"))
-            arm["bwd_busy_ms"].append(busy.get("bwd"))
-            arm["mok_path"] = env.get("mok_path")
-            arm["mok_build_commit"] = env.get("mok_build_commit")
+def _add_run(rows: dict[tuple, dict], name: str, measured: list[dict]) -> None:
+    """One run.py run's table rows into `rows`, as arm `name`'s next round: the whole passes
+    and the passes' GEMMs alone (`gemms:<kernels>`); single GEMMs have rates, not times."""
+    for one in measured:
+        if one["system"].startswith("gemm:"):
+            continue
+        key = (one["system"], one["shape"], one["ep"])
+        row = rows.setdefault(key, {"system": key[0], "shape": key[1], "ep": key[2]})
+        lists = ("fwd_ms", "bwd_ms", "fwd_busy_ms", "bwd_busy_ms")
+        arm = row.setdefault(name, {k: [] for k in lists})
+        arm[f"{one['pass']}_ms"].append(one["median_ms"])
+        arm[f"{one['pass']}_busy_ms"].append(one.get("gpu_busy_ms"))
+        arm["mok_path"] = one.get("mok_path")
+        arm["mok_build_commit"] = one.get("build_commit")
 
 
 def table(rows: list[dict], names: list[str]) -> str:

@@ -1,78 +1,102 @@
-"""Chart benchmark results: time over the compute floor per system, shape and EP (lower is better).
+"""Chart one run of the results table: each system's time over the compute floor, by shape and EP.
 
-    python benchmarks/plot.py RESULTS.json [MORE.json ...] --out chart.png
+    python benchmarks/plot.py [TABLE] --out chart.png [--gpu NAME] [--commit SHA]
 
-One panel per pass (forward, backward); a group of bars per (shape, EP), one bar per system,
-labelled with its median time in ms. The dashed line at 1 is the compute floor: the counted FLOPs
-at the bf16 GEMM rate measured in the same run. Missing bars were skipped or failed (see JSON).
+By default the newest run that measured the baseline, on its GPU, at every EP measured from
+that commit (the newest run of each). One panel per pass (forward, backward); a group of bars
+per (shape, EP), one bar per system, labelled with its median ms. The dashed line at 1 is the
+compute floor: the counted FLOPs at the bf16 GEMM rate measured in the same run; lower is
+better. The GEMMs alone (`gemms:`, `gemm:` rows) are left out: benchmarks/results.py prints them.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")  # files only: the device machine and CI have no display
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
+import results  # noqa: E402
 
 PHASES = (("fwd", "forward"), ("bwd", "backward"))
+LABELS = {
+    "nccl_torch": "NCCL all_to_all + torch._grouped_mm (baseline)",
+    "mok_bf16": "mok BF16",
+    "mok_bf16_fg": "mok BF16, every exchange in the foreground",
+    "mok_mxfp8": "mok MXFP8",
+    "mok_bf16_cg": "mok BF16 from a CUDA graph",
+    "mok_mxfp8_cg": "mok MXFP8 from a CUDA graph",
+}
 
 
-def load(paths: list[Path]) -> tuple[list[dict], list[dict]]:
-    """(runs, records) of every file; each record gains its run's GPU name."""
-    runs, records = [], []
-    for path in paths:
-        for run in json.loads(path.read_text())["runs"]:
-            runs.append(run)
-            gpu = run["env"].get("gpu") or "CPU"
-            records.extend({**r, "gpu": gpu} for r in run["records"])
-    return runs, records
+def select(rows: list[dict], gpu: str | None = None, commit: str | None = None) -> list[dict]:
+    """The whole-pass rows to draw: the newest run of each EP on `gpu` from `commit` (default:
+    the GPU and commit of the newest run that measured the baseline)."""
+    steps = [r for r in rows if results.is_step(r)]
+    candidates = [
+        r
+        for r in steps
+        if r["system"] == results.BASELINE
+        and (gpu is None or results.card(r) == gpu)
+        and (commit is None or r["commit"] == commit)
+    ]
+    if not candidates:
+        raise SystemExit(f"plot: no run with the baseline for gpu={gpu!r}, commit={commit!r}")
+    newest = max(candidates, key=lambda r: r["date"])
+    mine = [r for r in steps if (r["gpu"], r["commit"]) == (newest["gpu"], newest["commit"])]
+    last = {}
+    for row in mine:
+        last[row["ep"]] = max(last.get(row["ep"], ""), row["date"])
+    return [r for r in mine if r["date"] == last[r["ep"]]]
 
 
-def _groups(records: list[dict]) -> tuple[list[tuple[str, int]], list[str]]:
-    groups = sorted({(r["shape"], r["ep"]) for r in records}, key=lambda g: (g[1], g[0]))
-    systems = list(dict.fromkeys(r["system"] for r in records))
-    return groups, systems
-
-
-def _title(runs: list[dict]) -> str:
-    env = runs[0]["env"]
-    gpus = sorted({run["env"].get("gpu") or "CPU" for run in runs})
-    commit = (env.get("git_commit") or "unknown")[:10]
+def _title(chosen: list[dict]) -> str:
+    first = chosen[0]
+    eps = ", ".join(str(ep) for ep in sorted({r["ep"] for r in chosen}))
     return (
-        f"mok vs NCCL + torch._grouped_mm on {', '.join(gpus)} (torch {env['torch']}, {commit});"
-        " bar labels: median ms"
+        f"mok against NCCL + torch._grouped_mm on {results.card(first)}, EP {eps}\n"
+        f"commit {first['commit']}, torch {first['torch']}, driver {first['driver']}, "
+        f"{first['date'][:10]}; bar labels: median ms; lower is better"
     )
 
 
-def plot(paths: list[Path], out: Path) -> Path:
-    runs, records = load(paths)
-    groups, systems = _groups(records)
-    by_key = {(r["system"], r["shape"], r["ep"]): r for r in records}
-    fig, axes = plt.subplots(len(PHASES), 1, figsize=(max(8, 1.6 * len(groups) + 3), 8))
+def _draw(ax, phase: str, label: str, chosen: list[dict]) -> None:
+    groups = sorted({(r["shape"], r["ep"]) for r in chosen}, key=lambda g: (g[1], g[0]))
+    systems = list(dict.fromkeys(r["system"] for r in chosen))
+    by_key = {(r["system"], r["shape"], r["ep"]): r for r in chosen if r["pass"] == phase}
     width = 0.8 / max(1, len(systems))
+    for s, system in enumerate(systems):
+        drawn = [
+            (g, by_key[(system, *group)])
+            for g, group in enumerate(groups)
+            if by_key.get((system, *group), {}).get("x_floor")
+        ]
+        xs = [g + (s - (len(systems) - 1) / 2) * width for g, _ in drawn]
+        bars = ax.bar(xs, [r["x_floor"] for _, r in drawn], width, label=LABELS.get(system, system))
+        ax.bar_label(bars, [f"{r['median_ms']:.2f}" for _, r in drawn], fontsize=6, padding=2)
+    ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
+    ax.annotate("compute floor", (1.0, 1.0), xycoords=("axes fraction", "data"), fontsize=7,
+                xytext=(-2, 2), textcoords="offset points", ha="right")  # fmt: skip
+    ax.set_xticks(range(len(groups)), [f"{shape}, EP {ep}" for shape, ep in groups])
+    ax.set_ylabel(f"{label}: time / compute floor")
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.08)  # room for the labels over the tallest bars
+
+
+def figure(chosen: list[dict]):
+    """The chart of `chosen` (select's rows): a panel per pass, the legend below both."""
+    fig, axes = plt.subplots(len(PHASES), 1, figsize=(11, 8.5), layout="constrained")
     for ax, (phase, label) in zip(axes, PHASES, strict=True):
-        for s, system in enumerate(systems):
-            xs, heights, texts = [], [], []
-            for g, (shape, ep) in enumerate(groups):
-                row = by_key.get((system, shape, ep))
-                ratio = row and row.get(f"x_floor_{phase}")
-                if ratio:
-                    xs.append(g + (s - (len(systems) - 1) / 2) * width)
-                    heights.append(ratio)
-                    texts.append(f"{row[phase]['median_ms']:.3g}")
-            bars = ax.bar(xs, heights, width, label=system)
-            ax.bar_label(bars, texts, fontsize=7, padding=2)
-        ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
-        ax.set_xticks(range(len(groups)), [f"{shape}\nEP {ep}" for shape, ep in groups])
-        ax.set_ylabel(f"{label}: time / compute floor")
-        ax.set_yscale("log")
-        ax.legend(fontsize=8)
-    axes[0].set_title(_title(runs), fontsize=9)
-    fig.tight_layout()
+        _draw(ax, phase, label, chosen)
+    fig.suptitle(_title(chosen), fontsize=11)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=3, fontsize=8, frameon=False)
+    return fig
+
+
+def plot(table: Path, out: Path, gpu: str | None = None, commit: str | None = None) -> Path:
+    fig = figure(select(results.load(table), gpu, commit))
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
     plt.close(fig)
@@ -81,10 +105,12 @@ def plot(paths: list[Path], out: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("results", nargs="+", type=Path, help="results.json file(s)")
+    parser.add_argument("table", nargs="?", type=Path, default=results.TABLE, help="rows (.jsonl)")
     parser.add_argument("--out", type=Path, required=True, help="PNG to write")
+    parser.add_argument("--gpu", help="the GPU as the rows name it, or CPU (default: the newest)")
+    parser.add_argument("--commit", help="the commit as the rows name it (7 hex digits)")
     args = parser.parse_args(argv)
-    print(plot(args.results, args.out))
+    print(plot(args.table, args.out, args.gpu, args.commit))
     return 0
 
 

@@ -1,22 +1,23 @@
-"""Run the floors and every system on every shape in one process group; write DIR/results.json.
+"""Run the floors and every system on every shape in one process group; append the rows.
 
-    torchrun --standalone --nproc-per-node=N benchmarks/run.py --out DIR [--smoke]
+    torchrun --standalone --nproc-per-node=N benchmarks/run.py --out FILE.jsonl [--smoke]
         [--shapes NAME ...] [--systems NAME ...]
 
-EP is the number of ranks. Results of an earlier run with another EP in the same DIR are kept
-(one entry per EP in `runs`), so EP 1 and EP 2 go to one file. `--smoke` runs on CPU (gloo, the
-reference backend) with tiny shapes and a few iterations, and also checks every system against a
-float64 dense formulation. Shapes run in the order given, each with every system back to back
-(in the order given, the baseline first by default), so the systems compared on a shape meet the
-GPU in the same state (clocks and temperature drift over a run of minutes), and a run that hits
---deadline-s loses the last shapes first (recorded as skipped).
+EP is the number of ranks. Rank 0 appends each measurement's rows to FILE.jsonl (results.py's
+schema; created if missing) as soon as it is taken, so a run cut short keeps what it measured,
+and runs at several EPs go to one file. `benchmarks/results.jsonl` is the committed table; a
+device run writes a file of its own, appended to the table afterwards (README.md). `--smoke`
+runs on CPU (gloo, the reference backend) with tiny shapes and a few iterations, and also
+checks every system against a float64 dense formulation. Shapes run in the order given, each
+with every system back to back (in the order given, the baseline first by default), so the
+systems compared on a shape meet the GPU in the same state (clocks and temperature drift over a
+run of minutes), and a run that hits --deadline-s loses the last shapes first (recorded as
+skipped).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 import traceback
@@ -25,6 +26,7 @@ from pathlib import Path
 import bench_mok
 import bench_nccl_torch
 import harness
+import results
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -41,12 +43,11 @@ SYSTEMS = {
 # Systems that need a GPU: left out of --smoke's default systems.
 GPU_ONLY = ("mok_bf16_cg", "mok_mxfp8_cg")
 CHECKED = ("out", "d_x", "d_rw", "d_gate", "d_up", "d_down")
-SCHEMA = "mok-bench/1"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, required=True, help="directory for results.json")
+    p.add_argument("--out", type=Path, required=True, help="JSON-lines file the rows go to")
     p.add_argument("--smoke", action="store_true", help="CPU, gloo, tiny shapes, few iterations")
     p.add_argument("--shapes", nargs="+", help="shape names (default: all of the mode)")
     p.add_argument("--systems", nargs="+", choices=list(SYSTEMS),
@@ -112,7 +113,7 @@ def _compare_all(outputs: dict, reference: dict) -> dict:
 
 
 class Session:
-    """One run: the timer, the deadline, the floors, the baseline outputs per shape, the rows."""
+    """One run: the timer, the deadline, the floors, the baseline per shape, the records."""
 
     def __init__(self, args: argparse.Namespace, d: harness.Dist) -> None:
         self.args, self.d = args, d
@@ -120,7 +121,8 @@ class Session:
             d, warmup_s=args.warmup_s, budget_s=args.budget_s, max_iters=args.max_iters
         )
         self.deadline = harness.Deadline(self.timer, args.deadline_s)
-        self.baseline: dict[str, dict] = {}
+        self.baseline: dict[str, dict] = {}  # the baseline's outputs per shape
+        self.baseline_records: dict[str, dict] = {}
         settings = {k: getattr(args, k) for k in ("budget_s", "warmup_s", "max_iters", "sets")}
         self.run = {
             "ep": d.world,
@@ -163,6 +165,13 @@ class Session:
             **result.get("extra", {}),
         )
 
+    def rows(self, record: dict) -> list[dict]:
+        """The table rows of a record (results.py), the baseline's of its shape beside it."""
+        if record["system"] == bench_nccl_torch.NAME:
+            self.baseline_records[record["shape"]] = record
+        baseline = self.baseline_records.get(record["shape"])
+        return results.rows_of(record, self.run["env"], self.run["floors"], self.d.world, baseline)
+
     def one(self, system: str, shape: harness.Shape) -> dict:
         floors = self.run["floors"]
         if self.deadline.expired():
@@ -177,19 +186,6 @@ class Session:
             if self.d.cuda:
                 torch.cuda.synchronize()
                 torch.cuda.empty_cache()
-
-
-def save(path: Path, run: dict) -> None:
-    """Merge `run` into path's runs (replacing the entry with the same EP and mode), atomically."""
-    data = {"schema": SCHEMA, "runs": []}
-    if path.exists():
-        data = json.loads(path.read_text())
-    key = (run["ep"], run["smoke"])
-    data["runs"] = [r for r in data["runs"] if (r["ep"], r["smoke"]) != key] + [run]
-    data["runs"].sort(key=lambda r: (r["smoke"], r["ep"]))
-    partial = path.with_suffix(".partial")
-    partial.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(partial, path)
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -261,7 +257,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     d = harness.setup_distributed(cpu=args.smoke, timeout_s=args.timeout_s)
     start = time.monotonic()
-    path = args.out / "results.json"
     try:
         session = Session(args, d)
         session.floors()
@@ -270,8 +265,7 @@ def main(argv: list[str] | None = None) -> int:
                 row = session.one(system, shape)
                 session.run["records"].append(row)
                 if d.rank == 0:
-                    args.out.mkdir(parents=True, exist_ok=True)
-                    save(path, session.run)
+                    results.append(args.out, session.rows(row))
                     note = row.get("error") or row.get("skipped") or "ok"
                     print(
                         f"[{time.monotonic() - start:6.1f} s] {system} {shape.name}: {note}",

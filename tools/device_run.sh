@@ -4,6 +4,8 @@
 # every GPU, and writes $OUT/summary.json with the logs. From the repository root there:
 #   MOK_GIT_COMMIT=<sha> bash tools/device_run.sh [extra pytest args]
 # MOK_SKIP_BENCH=1 skips the benchmarks. $OUT gets at most 7 files (the device tool brings 8).
+# The benchmark's rows land in $OUT/bench/results.jsonl; back here, append them to the committed
+# table: cat <fetched>/bench/results.jsonl >> benchmarks/results.jsonl (benchmarks/README.md).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONUNBUFFERED=1
@@ -46,10 +48,11 @@ if [[ -z "${MOK_SKIP_BENCH:-}" ]]; then
     mkdir -p "$out/bench"
     for ranks in $(printf '%s\n' 1 "$gpus" | sort -un); do
         torchrun --standalone --nproc-per-node="$ranks" "$repo/benchmarks/run.py" \
-            --out "$out/bench" --budget-s 1.0 --deadline-s 150 >> "$out/bench.log" 2>&1
+            --out "$out/bench/results.jsonl" --budget-s 1.0 --deadline-s 150 \
+            >> "$out/bench.log" 2>&1
         tail -n 24 "$out/bench.log"
     done
-    python3 "$repo/benchmarks/plot.py" "$out/bench/results.json" --out "$out/bench/chart.png"
+    python3 "$repo/benchmarks/plot.py" "$out/bench/results.jsonl" --out "$out/bench/chart.png"
 fi
 
 python3 - "$out" "$work" <<'PY'

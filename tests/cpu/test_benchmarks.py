@@ -1,7 +1,8 @@
 """The benchmark suite end to end on CPU: `benchmarks/run.py --smoke` through torchrun on 1 and 2
 gloo ranks (the path the device runbook takes, with tiny shapes and the reference backend), the
-results schema, the baseline's correctness against a float64 dense MoE (so the baseline the
-numbers are compared with is a correct MoE, not a strawman), and the chart.
+rows it appends (benchmarks/results.py's schema), the baseline's correctness against a float64
+dense MoE (so the baseline the numbers are compared with is a correct MoE, not a strawman), and
+the chart.
 """
 
 from __future__ import annotations
@@ -41,14 +42,15 @@ def _child_env() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory) -> dict:
-    """results.json after smoke runs at EP 1 and EP 2 into one directory, plus their stdout."""
+    """The rows of smoke runs at EP 1 and EP 2 appended to one table, plus their stdout."""
     out = tmp_path_factory.mktemp("bench")
+    table = out / "results.jsonl"
     stdout = {}
-    for ep in EP_SIZES:  # one after the other: run.py merges both into one results.json
+    for ep in EP_SIZES:  # one after the other: both append to one table
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
         command += [f"--nproc-per-node={ep}", str(BENCHMARKS / "run.py"), "--smoke"]
         done = subprocess.run(
-            [*command, "--out", str(out)],
+            [*command, "--out", str(table)],
             env=_child_env(),
             capture_output=True,
             text=True,
@@ -56,68 +58,81 @@ def smoke(tmp_path_factory) -> dict:
         )
         assert done.returncode == 0, f"EP {ep} smoke run failed:\n{done.stdout}\n{done.stderr}"
         stdout[ep] = done.stdout
-    return {"dir": out, "data": json.loads((out / "results.json").read_text()), "stdout": stdout}
+    return {"dir": out, "table": table, "rows": _load("results").load(table), "stdout": stdout}
 
 
-def _records(smoke: dict, ep: int, system: str | None = None) -> list[dict]:
-    (run,) = [r for r in smoke["data"]["runs"] if r["ep"] == ep]
-    return [r for r in run["records"] if system is None or r["system"] == system]
+def _rows(smoke: dict, ep: int, system: str | None = None) -> list[dict]:
+    return [r for r in smoke["rows"] if r["ep"] == ep and (system is None or r["system"] == system)]
 
 
-def test_one_run_per_ep_with_environment_and_floors(smoke):
-    data = smoke["data"]
-    assert data["schema"] == "mok-bench/1"
-    assert sorted(r["ep"] for r in data["runs"]) == list(EP_SIZES)
-    for run in data["runs"]:
-        assert run["smoke"] is True
-        env = run["env"]
-        for key in ("torch", "git_commit", "gpu", "driver", "backend", "mok_version", "time_utc"):
-            assert key in env
-        assert env["backend"] == "gloo" and env["world_size"] == run["ep"]
-        floors = run["floors"]
-        assert floors["gemm_bf16_tflops"] > 0 and floors["d2d_copy_GBps"] > 0
-        assert floors["nvlink"] is None  # no GPUs here
+def test_rows_carry_the_run_environment_and_floors(smoke):
+    import torch
+
+    results = _load("results")
+    assert {r["ep"] for r in smoke["rows"]} == set(EP_SIZES)
+    for ep in EP_SIZES:
+        rows = _rows(smoke, ep)
+        assert len({r["date"] for r in rows}) == 1  # one run per EP
+        for r in rows:
+            assert set(results.REQUIRED) <= set(r) <= set(results.REQUIRED + results.OPTIONAL)
+            assert (r["gpu"], r["driver"], r["mok_kernels"]) == (None, None, False)
+            assert r["torch"] == torch.__version__ and r["commit"]
+            assert r["floor_tflops"] > 0 and r["floor_copy_GBps"] > 0
+            assert r["floor_nvlink_GBps"] is None  # no GPUs here
 
 
 @pytest.mark.parametrize("ep", EP_SIZES, ids=lambda ep: f"ep{ep}")
-def test_every_system_and_shape_measured(smoke, ep):
-    records = _records(smoke, ep)
-    assert sorted((r["system"], r["shape"]) for r in records) == sorted(
-        (system, shape) for system in SYSTEMS for shape in SMOKE_SHAPES
+def test_every_system_shape_and_pass_measured(smoke, ep):
+    steps = [r for r in _rows(smoke, ep) if ":" not in r["system"]]
+    assert sorted((r["system"], r["shape"], r["pass"]) for r in steps) == sorted(
+        (system, shape, phase)
+        for system in SYSTEMS
+        for shape in SMOKE_SHAPES
+        for phase in ("fwd", "bwd")
     )
-    for r in records:
-        assert "error" not in r and "skipped" not in r, r
-        assert r["ep"] == ep
-        for phase in ("fwd", "bwd"):
-            timing = r[phase]
-            assert 0 < timing["min_ms"] <= timing["median_ms"] <= timing["max_ms"]
-            assert timing["iters"] >= 1 and timing["warmup_iters"] >= 1
-            assert timing["power"] == [None] * ep  # one entry per rank; no GPU to sample here
-            assert r[f"tflops_{phase}"] > 0 and r[f"x_floor_{phase}"] > 0
-        assert r["flops_bwd"] == 2 * r["flops_fwd"]
+    for r in steps:
+        assert r["note"] is None, r
+        assert 0 < r["min_ms"] <= r["median_ms"] <= r["max_ms"]
+        assert r["iters"] >= 1 and r["warmup_iters"] >= 1
+        assert r["sm_mhz"] is None and r["power_w"] is None  # no GPU to sample here
+        assert r["tflops"] > 0 and r["x_floor"] > 0
+        assert r["precision"] == ("mxfp8" if r["system"] == "mok_mxfp8" else "bf16")
+        baseline = r["system"] == "nccl_torch"
+        assert (r["vs_baseline"] is None) if baseline else r["vs_baseline"] > 0
         if r["system"].startswith("mok_"):  # busy time needs the GPU's kernel records
-            assert r["gpu_busy_ms"] == {"fwd": None, "bwd": None}
-        if r["system"] == "nccl_torch":  # the yardstick of mok's expert GEMM kernels
-            assert r["grouped_mm_gate_up_tflops"] > 0 and r["grouped_mm_down_tflops"] > 0
-            # Each pass's GEMMs alone; mok's kernels need a Hopper GPU, so torch's only here.
-            assert list(r["gemm_pass"]) == ["torch"]
-            for timing in r["gemm_pass"]["torch"].values():
-                assert timing["median_ms"] > 0 and timing["power"] == [None] * ep
+            assert r["gpu_busy_ms"] is None
+
+
+@pytest.mark.parametrize("ep", EP_SIZES, ids=lambda ep: f"ep{ep}")
+def test_the_baseline_brings_its_gemms_alone(smoke, ep):
+    """The yardstick of mok's expert GEMM kernels (`gemm:<problem>`: torch's rate; mok's kernels
+    need a Hopper GPU) and each pass's GEMMs alone (`gemms:torch` only, for the same reason)."""
+    rows = _rows(smoke, ep)
+    for problem in ("gate_up", "down"):
+        (fwd,) = [r for r in rows if r["system"] == f"gemm:{problem}" and r["shape"] == "tiny"]
+        assert fwd["baseline_tflops"] > 0 and fwd["tflops"] is None and fwd["median_ms"] is None
+    alone = [r for r in rows if r["system"].startswith("gemms:")]
+    assert sorted((r["shape"], r["pass"]) for r in alone if r["system"] == "gemms:torch") == [
+        (shape, phase) for shape in sorted(SMOKE_SHAPES) for phase in ("bwd", "fwd")
+    ]
+    assert {r["system"] for r in alone} == {"gemms:torch"}
+    assert all(r["median_ms"] > 0 for r in alone)
 
 
 @pytest.mark.parametrize("ep", EP_SIZES, ids=lambda ep: f"ep{ep}")
 @pytest.mark.parametrize("system", SYSTEMS)
 def test_outputs_and_gradients_match_dense_float64(smoke, system, ep):
-    for r in _records(smoke, ep, system):
-        errors = r["check"]["vs_dense"]
+    for shape in SMOKE_SHAPES:
+        rows = [r for r in _rows(smoke, ep, system) if r["shape"] == shape]
+        errors = {k: v for r in rows for k, v in r["check"]["vs_dense"].items()}
         assert set(errors) == set(CHECKED)
         for name, error in errors.items():
-            assert error["rel_l1"] <= BOUND[system], (r["shape"], name, error)
+            assert error["rel_l1"] <= BOUND[system], (shape, name, error)
 
 
 @pytest.mark.parametrize("ep", EP_SIZES, ids=lambda ep: f"ep{ep}")
 def test_mok_compared_with_the_baseline_in_the_same_run(smoke, ep):
-    for r in _records(smoke, ep, "mok_bf16"):
+    for r in _rows(smoke, ep, "mok_bf16"):
         for name, error in r["check"]["vs_baseline"].items():
             assert error["rel_l1"] <= 2 * BOUND["mok_bf16"], (r["shape"], name, error)
 
@@ -248,7 +263,7 @@ def test_each_expert_sees_about_2048_rows(name):
 def test_plot_writes_a_png(smoke):
     pytest.importorskip("matplotlib", reason="plot.py needs matplotlib")
     png = smoke["dir"] / "chart.png"
-    assert _load("plot").main([str(smoke["dir"] / "results.json"), "--out", str(png)]) == 0
+    assert _load("plot").main([str(smoke["table"]), "--out", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
