@@ -1,5 +1,5 @@
 """The floors a run's systems are measured against, in the same run: the bf16 dense GEMM rate,
-device-to-device copy bandwidth and NVLink peer copy bandwidth (NOTES.md "Method"). Timed with
+device-to-device copy bandwidth and NVLink peer copy bandwidth (README.md, "Method"). Timed with
 the harness's Timer, like every system."""
 
 from __future__ import annotations

@@ -157,7 +157,7 @@ class Timer:
         """measure() of each of fns, taken in turns, one iteration of each a round, so every fn
         meets the clock the others meet: under the power cap it drifts by several % over the
         seconds between two measure() calls, which moved the ratio of two GEMMs' rates by up
-        to ±4% from round to round (benchmarks/NOTES.md v29). budget_s is their total; no
+        to ±4% from round to round on 1x H200 (±1% in turns). budget_s is their total; no
         power record (its samples and energy are the fns' together)."""
         return self._iterate(list(fns), None)
 
@@ -182,9 +182,10 @@ class Timer:
         """The slowest rank's GPU busy ms per call of fn under sustained load (None without
         CUDA): `calls` calls back to back, so the clock settles where the power limit leaves
         it, then three gpu_timeline_ms of `calls` calls each, the median of their busy times
-        divided by `calls` (a process's first profiler session read 7-8% low, NOTES v24). Back
+        divided by `calls` (a process's first profiler session read 7-8% low on 1x H200). Back
         to back, the host enqueues ahead of the GPU, so this is the GPU's work alone: the
-        measure of a build's GPU time where the host sets a single call's time (v23, v24)."""
+        measure of a build's GPU time where the host sets a single call's time (README.md,
+        "Method")."""
         if not self.d.cuda:
             return None
         for _ in range(calls):

@@ -2,7 +2,7 @@
 
 An H200 that reaches its power limit lowers its SM clock, and then a step's time follows the
 energy it spends more than its critical path: work moved beside other work still costs power
-(NOTES.md, "Power and clocks"). So each timed measurement records, per GPU, the mean and peak
+(README.md, "Method"). So each timed measurement records, per GPU, the mean and peak
 board power, the mean and lowest SM clock, and the share of samples in which the driver named
 the software power cap as a reason for a lower clock, and the energy the GPU used (NVML's
 energy counter, read before and after). Without nvidia-smi and the driver's NVML library (CPU
@@ -97,7 +97,7 @@ class Sampler:
     """`with Sampler(device) as s:` samples that GPU (by UUID, whatever CUDA's device order);
     afterwards `s.summary` is summarize()'s dict with `energy_j` (joules used in the block) and
     `energy_window_s` (the block's seconds) where NVML counts them, or None where nothing could
-    be sampled. The counter moves in steps: on 2x H200 (NOTES.md v7) blocks of 3 s agreed with
+    be sampled. The counter moves in steps: on 2x H200 (8684ed3's runs) blocks of 3 s agreed with
     mean sampled watts x time within 2-7%, blocks under 1 s were off by up to 12% (0.6 s) and 1.8x
     (0.1-0.2 s)."""
 

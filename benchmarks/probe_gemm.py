@@ -12,10 +12,10 @@ pair as stored (`grouped_gemm.linear_mx`), `kind0` (`grouped_gemm.linear`) and `
 (`torch._grouped_mm`) its `mxfp8_dequantize` bf16 values. Without `--time` the GEMM is launched
 `--launches` times (ncu profiles the last with the command above: mok's grouped GEMMs and
 `_grouped_mm` are both CUTLASS `device_kernel`s); with it, the median of 30 timings of 5 back-to-
-back launches (CUDA events) and its TFLOP/s are printed. benchmarks/NOTES.md v20-v22 compare kinds
-with ncu: its clock is fixed, so cycles compare across processes and sessions (M_GROUPED_MXFP8_NT
-on Qwen3.5's down: 882.2 K, 883.5 K, 884.1 K in three sessions' runs), while a timing at the power
-cap follows the GPU's state, which the processes run before it leave behind.
+back launches (CUDA events) and its TFLOP/s are printed. docs/grouped-gemm.md's cycle counts come
+from ncu this way: its clock is fixed, so cycles compare across processes and sessions
+(M_GROUPED_MXFP8_NT on Qwen3.5's down: 882.2 K, 883.5 K, 884.1 K in three sessions' runs), while a
+timing at the power cap follows the GPU's state, which the processes run before it leave behind.
 """
 
 from __future__ import annotations

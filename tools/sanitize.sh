@@ -4,11 +4,12 @@
 # (barrier misuse). Writes one line per tool and mode to REPORT, then the head of every log
 # that holds an error; exits 1 if any does. tests/gpu/test_sanitizer.py runs it in the GPU suite.
 #   PYTHONPATH=<site with mok> bash tools/sanitize.sh REPORT
-# MOK_SANITIZE_TOOLS picks the tools (default "memcheck synccheck"). Left out (NOTES v32):
-# initcheck, which does not see TMA or cuBLAS stores (the shared expert's gate, written whole by
-# cuBLAS, reads as uninitialized in the SwiGLU kernel), and racecheck, which reports the MXFP8
-# mainloops' stage reuse (consumers' shared loads of a stage, then the producer's next bulk copy
-# into it) although the pipeline's empty barrier orders them, as in CUTLASS's mixed-input one.
+# MOK_SANITIZE_TOOLS picks the tools (default "memcheck synccheck"). Left out (tried on 1x H200
+# with 3888cee's wheel): initcheck, which does not see TMA or cuBLAS stores (the shared expert's
+# gate, written whole by cuBLAS, reads as uninitialized in the SwiGLU kernel), and racecheck, which
+# reports the MXFP8 mainloops' stage reuse (consumers' shared loads of a stage, then the
+# producer's next bulk copy into it) although the pipeline's empty barrier orders them, as in
+# CUTLASS's mixed-input one.
 set -uo pipefail
 report=${1:?usage: tools/sanitize.sh REPORT}
 repo=$(cd "$(dirname "$0")/.." && pwd)
