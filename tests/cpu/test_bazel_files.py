@@ -84,6 +84,18 @@ def test_versions_agree_with_lock_pyproject_and_extension(evaluated):
     assert problems == []
 
 
+def test_the_wheel_ships_pyprojects_licence_files(evaluated):
+    """py_wheel's extra_distinfo_files: pyproject.toml's license-files, each an existing file at
+    its own path under dist-info/licenses/, as the PEP 517 backend ships them (PEP 639)."""
+    sys.path.insert(0, str(ROOT / "tools" / "build"))
+    from mok_build import spec
+
+    (wheel,) = [c.attrs for c in evaluated.calls if c.key == cs.PY_WHEEL]
+    paths = spec.load_project(ROOT).license_files
+    assert wheel["extra_distinfo_files"] == {path: f"licenses/{path}" for path in paths}
+    assert all((ROOT / path).is_file() for path in paths)
+
+
 def test_bazelrc_and_bazelversion():
     assert cs.check_bazelrc(ROOT) == []
 

@@ -290,6 +290,20 @@ def test_modules_embed_no_build_paths(built_wheel):
             assert leaks.findall(data) == [], name
 
 
+def test_wheel_ships_every_licence_file(built_wheel):
+    """PEP 639: each of pyproject.toml's license-files under dist-info/licenses/ at its path,
+    byte for byte, and named by a License-File line of METADATA."""
+    members = _wheel_members(built_wheel)
+    dist_info = f"mok-{mok.__version__}.dist-info"
+    paths = spec.load_project(REPO).license_files
+    assert "LICENSE" in paths and "third_party/cutlass/LICENSE.txt" in paths
+    for path in paths:
+        assert members[f"{dist_info}/licenses/{path}"] == (REPO / path).read_bytes(), path
+    headers = members[f"{dist_info}/METADATA"].decode().split("\n\n", 1)[0].splitlines()
+    named = [line.removeprefix("License-File: ") for line in headers if "License-File" in line]
+    assert named == list(paths)
+
+
 # --- what is installed ---------------------------------------------------------------------
 
 installed_only = pytest.mark.skipif(

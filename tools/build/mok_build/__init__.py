@@ -123,8 +123,8 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None) 
         dist_info = f"{project.dist_name}-{project.version}.dist-info"
         files[f"{dist_info}/METADATA"] = metadata.core_metadata(project, root).encode()
         files[f"{dist_info}/WHEEL"] = metadata.wheel_file(tag, project.version).encode()
-        if (root / "LICENSE").is_file():
-            files[f"{dist_info}/licenses/LICENSE"] = (root / "LICENSE").read_bytes()
+        for path in project.license_files:  # PEP 639: at their paths under licenses/
+            files[f"{dist_info}/licenses/{path}"] = (root / path).read_bytes()
         name = f"{project.dist_name}-{project.version}-{tag}.whl"
         epoch = archive.source_date_epoch()
         archive.write_wheel(Path(wheel_directory) / name, files, dist_info, epoch)
@@ -137,7 +137,7 @@ def build_sdist(sdist_directory, config_settings=None) -> str:
     project = load_project(root)
     base = f"{project.dist_name}-{project.version}"
     files: dict[str, bytes] = {}
-    for relative in SDIST_FILES:
+    for relative in (*SDIST_FILES, *project.license_files):
         if (root / relative).is_file():
             files[f"{base}/{relative}"] = (root / relative).read_bytes()
     for tree in (PACKAGE, *SDIST_TREES):

@@ -19,6 +19,7 @@ def core_metadata(project: ProjectMetadata, root: Path) -> str:
         lines.append(f"Summary: {project.summary}")
     if project.license:
         lines.append(f"License-Expression: {project.license}")
+    lines += [f"License-File: {path}" for path in project.license_files]
     if project.requires_python:
         lines.append(f"Requires-Python: {project.requires_python}")
     lines += [f"Requires-Dist: {requirement}" for requirement in project.dependencies]

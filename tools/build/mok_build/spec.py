@@ -127,6 +127,9 @@ class ProjectMetadata:
     license: str
     readme: str
     build_requires: tuple[str, ...]
+    # Licence files (paths from the project root, PEP 639 `license-files`), shipped in the
+    # wheel's dist-info/licenses/ and named by License-File lines.
+    license_files: tuple[str, ...] = ()
 
     @property
     def dist_name(self) -> str:
@@ -152,7 +155,22 @@ def load_project(root: Path) -> ProjectMetadata:
         license=license_value if isinstance(license_value, str) else "",
         readme=project.get("readme", "") if isinstance(project.get("readme"), str) else "",
         build_requires=tuple(data.get("build-system", {}).get("requires", ())),
+        license_files=license_files(root, project.get("license-files", [])),
     )
+
+
+def license_files(root: Path, patterns: list[str]) -> tuple[str, ...]:
+    """The files `license-files` names (glob patterns from the project root, PEP 639), sorted;
+    a pattern that leaves the tree or matches no file is an error."""
+    found: set[str] = set()
+    for pattern in patterns:
+        if pattern.startswith("/") or ".." in pattern.split("/") or "\\" in pattern:
+            raise SpecError(f"pyproject.toml license-files: {pattern!r} must stay in the project")
+        matches = [p for p in root.glob(pattern) if p.is_file()]
+        if not matches:
+            raise SpecError(f"pyproject.toml license-files: {pattern!r} matches no file")
+        found |= {p.relative_to(root).as_posix() for p in matches}
+    return tuple(sorted(found))
 
 
 def pinned_requirements(requirements: tuple[str, ...]) -> dict[str, str]:
