@@ -6,6 +6,7 @@ something.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -64,8 +65,60 @@ def test_referenced_files_and_repositories_exist(evaluated):
 
 def test_every_test_file_has_one_target(evaluated):
     assert cs.check_tests(ROOT, evaluated.calls) == []
-    tests = [c for c in evaluated.calls if c.key == cs.PY_TEST]
-    assert len(tests) == len(list(ROOT.glob("tests/**/test_*.py")))
+    names = {c.attrs["name"] for c in evaluated.calls if c.key == cs.PY_TEST}
+    assert {p.stem for p in ROOT.glob("tests/**/test_*.py")} <= names
+
+
+@pytest.mark.parametrize("config", cs.TIERS)
+def test_every_tier_selects_tests(evaluated, config):
+    """The static proof that `bazel test --config=<tier> //tests/...` runs something: the
+    .bazelrc tag filter applied to the evaluated BUILD files, as Bazel applies it."""
+    targets = cs.tier_targets(ROOT, evaluated.calls, config)
+    print(f"--config={config}: {len(targets)} targets, e.g. {targets[:3]}")
+    assert targets
+    gpu_tagged = [t for t in targets if t.startswith("//tests/gpu:")]
+    assert (config == "cpu") == (not gpu_tagged)
+
+
+def test_tiers_pick_the_launch_they_need(evaluated):
+    multi = cs.tier_targets(ROOT, evaluated.calls, "multi_gpu")
+    rack = cs.tier_targets(ROOT, evaluated.calls, "nvl72")
+    one = cs.tier_targets(ROOT, evaluated.calls, "gpu")
+    assert all(t.endswith("_multi_gpu") for t in multi)
+    assert all(t.endswith("_nvl72") for t in rack)
+    assert not any(t.endswith(("_multi_gpu", "_nvl72")) for t in one)
+    args = {
+        f"//{c.package}:{c.attrs['name']}": c.attrs["args"]
+        for c in evaluated.calls
+        if c.key == cs.PY_TEST
+    }
+    assert all("--launch=host" in args[t] for t in multi)
+    assert all("--launch=rack" in args[t] for t in rack)
+    assert all("--launch=one" in args[t] for t in one)
+
+
+def test_gpu_tests_run_on_both_host_cpus():
+    text = (ROOT / "tools/bazel/tests.bzl").read_text()
+    assert '"@platforms//cpu:aarch64"' in text and '"@platforms//cpu:x86_64"' in text
+
+
+def test_configs_the_workflows_name_are_defined():
+    used = set()
+    for workflow in (ROOT / ".github/workflows").glob("*.yml"):
+        text = workflow.read_text()
+        used |= set(re.findall(r"--config=([\w-]+)", text))
+        used |= set(re.findall(r"^\s*config: ([\w-]+)\s*$", text, re.M))  # matrix values
+    assert {"cpu", "gpu"} <= used
+    for config in sorted(used):
+        assert cs.config_options(ROOT, config) is not None
+
+
+def test_buildifier_versions_agree():
+    """The npm buildifier (tools/check_build_files.sh) and buildifier_prebuilt are one release."""
+    npm = json.loads((ROOT / "package.json").read_text())["devDependencies"]["@bazel/buildifier"]
+    module = (ROOT / "MODULE.bazel").read_text()
+    prebuilt = re.search(r'"buildifier_prebuilt", version = "([\d.]+)"', module).group(1)
+    assert prebuilt.split(".")[:3] == npm.split(".")
 
 
 def test_gpu_tests_run_the_wheel_and_are_tagged(evaluated):
@@ -153,6 +206,15 @@ def _unknown_tag(root: Path) -> None:
     _break(root, "MODULE.bazel", "cuda.toolkit(", "cuda.toolchain(")
 
 
+def _empty_nvl72_tier(root: Path) -> None:
+    text = (root / "tests/gpu/BUILD.bazel").read_text()
+    (root / "tests/gpu/BUILD.bazel").write_text(re.sub(r"nvl72 = \[[^\]]*\]", "nvl72 = []", text))
+
+
+def _test_only_config(root: Path) -> None:
+    _break(root, ".bazelrc", "common:gpu --local_test_jobs=1", "test:gpu --local_test_jobs=1")
+
+
 BREAKAGES = {
     "missing source": (_remove_source, r"csrc/mxfp8/quantize\.cu.*(missing|no such file)"),
     "unknown attribute": (_unknown_attribute, r"attribute 'strip_prefix' is not defined"),
@@ -160,6 +222,8 @@ BREAKAGES = {
     "unbuilt csrc source": (_unlisted_source, r"csrc/extra\.cu: a csrc source not in EXTENSION"),
     "module version drift": (_module_bump, r"rules_python 9\.9\.9: attribute tables were read for"),
     "unknown extension tag": (_unknown_tag, r"has no attribute `toolchain`"),
+    "empty nvl72 tier": (_empty_nvl72_tier, r"--config=nvl72 selects no test target"),
+    "test-only config": (_test_only_config, r"test:gpu .*must be `common:`"),
 }
 
 

@@ -173,22 +173,23 @@ def _is_external(value) -> bool:
 
 
 def check_tests(root: Path, calls: list[Call]) -> list[str]:
-    """Each tests/**/test_*.py is in the srcs of exactly one py_test."""
-    owners: dict[str, int] = {}
+    """Each tests/**/test_*.py is run by exactly one target named after it (its one-process run);
+    GPU files may have more (<name>_multi_gpu, <name>_nvl72)."""
+    owners: dict[str, list[str]] = {}
     for call in calls:
         if call.key != PY_TEST:
             continue
         for src in call.attrs.get("srcs", []):
             if not src.startswith("//"):
                 package, name = _split_label(src, call.package)
-                path = f"{package}/{name}"
-                owners[path] = owners.get(path, 0) + 1
+                owners.setdefault(f"{package}/{name}", []).append(call.attrs.get("name", ""))
     problems = []
     for path in sorted(root.glob("tests/**/test_*.py")):
         rel = path.relative_to(root).as_posix()
-        count = owners.get(rel, 0)
-        if count != 1:
-            problems.append(f"{rel}: {count} py_test targets run it (want exactly 1)")
+        names = owners.get(rel, [])
+        if names.count(path.stem) != 1:
+            want = f"want one named {path.stem}"
+            problems.append(f"{rel}: {len(names)} py_test targets run it ({want})")
     return problems
 
 
@@ -270,7 +271,8 @@ def _check_python(root: Path, calls: list[Call]) -> list[str]:
                 f"MODULE.bazel: python_version {attrs.get('python_version')}, pyproject {want}"
             )
     for attrs in _tags(calls, PIP, "parse"):
-        if attrs.get("requirements_lock") != "//:requirements.lock":
+        locks = list(attrs.get("requirements_by_platform", {})) or [attrs.get("requirements_lock")]
+        if locks != ["//:requirements.lock"]:
             problems.append("MODULE.bazel: pip.parse must read //:requirements.lock, the one lock")
     return problems
 
@@ -317,15 +319,92 @@ def _check_wheel(root: Path, calls: list[Call], extension: dict) -> list[str]:
     return problems
 
 
+# The tiers CI and the GPU runners select with --config (README, .github/workflows/gpu.yml).
+TIERS = ("cpu", "gpu", "multi_gpu", "nvl72")
+# Commands whose options `bazel build`, `bazel cquery` and `bazel test` all read.
+_SHARED = "common"
+
+
+def bazelrc_lines(root: Path) -> list[tuple[str, str | None, list[str]]]:
+    """(command, config or None, options) for every option line of .bazelrc, in order."""
+    lines = []
+    for raw in (root / ".bazelrc").read_text().splitlines():
+        words = raw.split("#", 1)[0].split()
+        if not words or words[0] in ("import", "try-import"):
+            continue
+        command, _, config = words[0].partition(":")
+        lines.append((command, config or None, words[1:]))
+    return lines
+
+
+def config_options(root: Path, config: str, command: str = "test") -> list[str]:
+    """The options `bazel <command> --config=<config>` gets from .bazelrc, --config expanded."""
+    lines = bazelrc_lines(root)
+    if not any(c == config for _, c, _ in lines):
+        raise KeyError(f".bazelrc defines no config {config}")
+    options: list[str] = []
+    for cmd, cfg, words in lines:
+        if cfg == config and cmd in (_SHARED, "build", command):
+            for word in words:
+                if word.startswith("--config="):
+                    options += config_options(root, word.split("=", 1)[1], command)
+                else:
+                    options.append(word)
+    return options
+
+
+def tag_filter(options: list[str]) -> tuple[set[str], set[str]]:
+    """(required-any, excluded) tags of the last --test_tag_filters, as Bazel reads it."""
+    value = ""
+    for option in options:
+        if option.startswith("--test_tag_filters="):
+            value = option.split("=", 1)[1]
+    tags = [t for t in value.split(",") if t]
+    return {t for t in tags if not t.startswith("-")}, {t[1:] for t in tags if t.startswith("-")}
+
+
+def tier_targets(root: Path, calls: list[Call], config: str) -> list[str]:
+    """The py_test labels `bazel test --config=<config> //tests/...` runs: a target runs when it
+    has one of the filter's positive tags (if it names any) and none of its negative ones;
+    `manual` targets are never matched by //tests/..."""
+    wanted, excluded = tag_filter(config_options(root, config))
+    found = []
+    for call in calls:
+        if call.key != PY_TEST or not call.package.startswith("tests"):
+            continue
+        tags = set(call.attrs.get("tags", []))
+        if "manual" in tags or tags & excluded or (wanted and not tags & wanted):
+            continue
+        found.append(f"//{call.package}:{call.attrs['name']}")
+    return sorted(found)
+
+
+def check_tiers(root: Path, calls: list[Call]) -> list[str]:
+    """Every tier selects at least one test (an empty one makes `bazel test` exit 4)."""
+    problems = []
+    for config in TIERS:
+        try:
+            targets = tier_targets(root, calls, config)
+        except KeyError as error:
+            problems.append(str(error))
+            continue
+        if not targets:
+            problems.append(f".bazelrc: --config={config} selects no test target")
+    return problems
+
+
 def check_bazelrc(root: Path) -> list[str]:
     problems = []
     version = (root / ".bazelversion").read_text().strip()
     if not re.fullmatch(r"8\.\d+\.\d+", version):
         problems.append(f".bazelversion {version!r} is not a Bazel 8 release")
+    for command, config, words in bazelrc_lines(root):
+        if config and command != _SHARED:
+            problems.append(
+                f".bazelrc: {command}:{config} {' '.join(words)}: a config must be `common:` so "
+                "that build and cquery accept it as test does"
+            )
     rc = (root / ".bazelrc").read_text()
-    for config in ("cpu", "gpu", "nvl72"):
-        if not re.search(rf"^test:{config} .*--test_tag_filters=", rc, re.M):
-            problems.append(f".bazelrc: config {config} does not select tests by tag")
     if re.search(r"^\S+\s+--stamp\b", rc, re.M) or "--nostamp" not in rc:
         problems.append(".bazelrc: builds must not stamp (--nostamp)")
     return problems
@@ -344,6 +423,7 @@ def run_checks(root: Path) -> list[str]:
         *check_extension(root, calls, extension),
         *check_versions(root, calls, extension, lock),
         *check_bazelrc(root),
+        *check_tiers(root, calls),
     ]
 
 
@@ -352,6 +432,10 @@ def main(argv: list[str]) -> int:
     problems = run_checks(root)
     for problem in problems:
         print(problem)
+    calls = evaluate_repository(root).calls
+    for config in TIERS:
+        if not any(config in p for p in problems):
+            print(f"--config={config}: {len(tier_targets(root, calls, config))} test targets")
     print(f"{len(problems)} problem(s) in the Bazel files under {root}")
     return 1 if problems else 0
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 # Module versions these tables were read from (the Bazel Central Registry's newest at the time).
 PINNED_MODULES = {
     "bazel_skylib": "1.9.2",
+    "buildifier_prebuilt": "8.2.1.2",
     "platforms": "1.1.0",
     "pybind11_bazel": "3.0.1",
     "rules_cc": "0.2.17",
@@ -145,6 +146,23 @@ RULES: dict[tuple[str, str], Rule] = {
         "pybind11_bazel v3.0.1 build_defs.bzl pybind_library + cc_library (Bazel 8.3 docs)",
         label_attrs=_LABELS,
     ),
+    # bazel_skylib 1.9.x rules/common_settings.bzl: bool_flag is a build_setting rule (name,
+    # build_setting_default, plus the common attributes; scope since 1.8).
+    ("@bazel_skylib//rules:common_settings.bzl", "bool_flag"): Rule(
+        _attrs(COMMON, "build_setting_default scope"),
+        "bazel_skylib 1.9.x rules/common_settings.bzl bool_flag",
+        mandatory=frozenset({"build_setting_default"}),
+    ),
+    # buildifier_prebuilt 8.2.1.2 rules.bzl: buildifier(**kwargs) -> _buildifier with
+    # buildifier/factory.bzl buildifier_attr_factory(test_rule = False).
+    ("@buildifier_prebuilt//:rules.bzl", "buildifier"): Rule(
+        _attrs(
+            COMMON,
+            "verbose exclude_patterns mode lint_mode lint_warnings diff_command multi_diff "
+            "add_tables disabled_rewrites",
+        ),
+        "buildifier_prebuilt rules.bzl + buildifier/factory.bzl buildifier_attr_factory",
+    ),
 }
 
 # bazel_skylib 1.9.x lib/paths.bzl: the `paths` struct (read at tag 1.9.1; 1.9.2 is a patch).
@@ -167,6 +185,10 @@ NATIVE: dict[str, Rule] = {
         _attrs(COMMON, "srcs data output_group"), "Bazel 8: filegroup", label_attrs=_LABELS
     ),
     "alias": Rule(_attrs(COMMON, "actual"), "Bazel 8: alias"),
+    "config_setting": Rule(
+        _attrs(COMMON, "constraint_values define_values flag_values values"),
+        "Bazel 8 Build Encyclopedia: config_setting",
+    ),
     "test_suite": Rule(_attrs(COMMON, "tests"), "Bazel 8: test_suite"),
 }
 

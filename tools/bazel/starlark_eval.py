@@ -43,6 +43,7 @@ def select(conditions, no_match_error = ""):
 
 native = struct(
     alias = alias,
+    config_setting = config_setting,
     exports_files = exports_files,
     filegroup = filegroup,
     glob = glob,
@@ -73,7 +74,16 @@ paths = struct(basename = _basename, dirname = _dirname, split_extension = _spli
 
 _NAMES_BY_KIND = {
     "module": ("module", "bazel_dep", "use_extension", "use_repo", "register_toolchains"),
-    "build": ("glob", "package", "exports_files", "filegroup", "alias", "test_suite", "select"),
+    "build": (
+        "glob",
+        "package",
+        "exports_files",
+        "filegroup",
+        "alias",
+        "config_setting",
+        "test_suite",
+        "select",
+    ),
     "bzl": ("native", "select"),
 }
 
