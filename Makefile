@@ -44,10 +44,12 @@ format: env
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
+# One universal lock: every platform's wheel hashes (x86_64 and aarch64 hosts alike), read by pip,
+# uv and Bazel's pip.parse. The header uv writes is the command below, which is how Renovate's
+# pip-compile manager re-runs it (no --no-header, options with `=`, no --python-platform).
 lock: env
-	$(PY) -m uv pip compile requirements.in --python-version 3.12 \
-		--python-platform x86_64-manylinux_2_28 --generate-hashes --no-header \
-		--custom-compile-command "make lock" -o requirements.lock
+	$(PY) -m uv pip compile --quiet --universal --python-version=3.12 --generate-hashes \
+		--output-file=requirements.lock requirements.in
 
 # The benchmark on this machine: GPUS=N ranks through torchrun (CPU: the --smoke mode). Its rows
 # are appended to RESULTS (git ignores benchmarks/local/); on a GPU,

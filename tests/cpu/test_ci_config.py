@@ -63,3 +63,73 @@ def test_renovate_covers_every_pinned_file():
         if not rule.get("matchPackageNames")
     }
     assert not disabled & {"bazel-module", "bazelisk", "github-actions", "npm", "nix"}
+
+
+# Renovate's pip-compile manager (lib/modules/manager/pip-compile/common.ts, as of 2026-08): the
+# command is read from the lock's header with this expression, then every option is checked
+# against its list for `uv`; options that take a value must be written `--option=value`.
+RENOVATE_HEADER = re.compile(r"^(#.*?\r?\n)+# {4}(?P<command>\S*)(?P<arguments> .*?)?\r?\n")
+RENOVATE_UV_OPTIONS_WITH_VALUES = {
+    "--constraints", "--constraint", "--python-version", "--no-emit-package", "--prerelease",
+    "--format", "--resolution", "--fork-strategy", "--exclude-newer", "--exclude-newer-package",
+    "--group", "--override", "--overrides", "--output-file", "--extra", "--extra-index-url",
+}  # fmt: skip
+RENOVATE_UV_FLAGS = {
+    "--no-strip-extras", "--universal", "-v", "--generate-hashes", "--emit-index-url",
+    "--index-url", "--all-extras",
+}  # fmt: skip
+
+
+def renovate_header_problems(lock_text: str, file_name: str) -> list[str]:
+    """What Renovate's pip-compile manager would reject in this lock's header."""
+    match = RENOVATE_HEADER.match(lock_text)
+    if match is None:
+        return ["no header Renovate can read (was --no-header passed?)"]
+    argv = match["arguments"].split() if match["arguments"] else []
+    if match["command"] != "uv" or argv[:2] != ["pip", "compile"]:
+        return [f"header command {match['command']} {' '.join(argv[:2])} is not uv pip compile"]
+    problems, sources, output = [], [], None
+    for arg in argv[2:]:
+        option, has_value, value = arg.partition("=")
+        if not arg.startswith("-"):
+            sources.append(arg)
+        elif option in RENOVATE_UV_OPTIONS_WITH_VALUES and has_value:
+            output = value if option == "--output-file" else output
+        elif arg not in RENOVATE_UV_FLAGS:
+            problems.append(f"Renovate rejects {arg}")
+    if not sources:
+        problems.append("no source file named in the header")
+    if output != file_name:
+        problems.append(f"--output-file={output}, not {file_name}")
+    return problems
+
+
+def test_lock_header_is_one_renovate_can_rerun():
+    assert (
+        renovate_header_problems((ROOT / "requirements.lock").read_text(), "requirements.lock")
+        == []
+    )
+
+
+def test_lock_header_check_rejects_what_renovate_rejects():
+    good = (ROOT / "requirements.lock").read_text()
+    assert renovate_header_problems(good.split("\n", 2)[2], "requirements.lock")  # no header
+    bad = good.replace("--universal", "--python-platform=linux", 1)
+    assert renovate_header_problems(bad, "requirements.lock") == [
+        "Renovate rejects --python-platform=linux"
+    ]
+
+
+def test_make_lock_writes_the_header_command():
+    """`make lock` runs the command the header records, so Renovate's refresh equals it."""
+    header = (ROOT / "requirements.lock").read_text().splitlines()[1].split(None, 1)[1]
+    recipe = (ROOT / "Makefile").read_text().split("\nlock: env\n", 1)[1].split("\n\n", 1)[0]
+    command = " ".join(recipe.replace("\\\n", " ").split()).replace(" --quiet", "")
+    assert command.endswith(header.removeprefix("uv "))
+
+
+def test_lock_covers_x86_64_and_aarch64():
+    """Universal: the packages only Linux needs are kept by marker, not dropped by a platform."""
+    text = (ROOT / "requirements.lock").read_text()
+    assert "--universal" in text.splitlines()[1]
+    assert re.search(r"^triton==\S+ ; sys_platform == 'linux'", text, re.M)
