@@ -6,10 +6,11 @@ paths, and require identical bytes.
 
 Each copy holds the files git would commit (tracked plus untracked-but-not-ignored), so build
 outputs and virtual environments in the checkout cannot leak in. Both builds run
-`python -m build --sdist --wheel --no-isolation` with the same SOURCE_DATE_EPOCH. On a match the
-artifacts of the first build and a SHA256SUMS file go to --out; on a mismatch the differing
-archive members are named (and, for a shared object, its differing ELF sections) and the exit
-status is 1.
+`python -m build --sdist --wheel --no-isolation` with the same SOURCE_DATE_EPOCH. On a match
+every wheel must pass auditwheel (tools/check_wheel.py), then the artifacts of the first build and a
+SHA256SUMS file go to --out; on a mismatch diffoscope explains each differing artifact (down to the
+archive member, ELF section and disassembly; its HTML report is written next to --out) and the
+exit status is 1.
 """
 
 from __future__ import annotations
@@ -20,16 +21,17 @@ import os
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
-import zipfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tools" / "build"))
 
-from mok_build import archive, elf  # noqa: E402  (the backend lives in tools/build)
+from mok_build import archive  # noqa: E402  (the backend lives in tools/build)
+
+# Lines of diffoscope's text report printed per differing artifact (the HTML report has it all).
+REPORT_LINES = 200
 
 
 def sha256(path: Path) -> str:
@@ -66,47 +68,30 @@ def build(source: Path, out: Path, python: str, epoch: int) -> float:
     return seconds
 
 
-def _members(path: Path) -> dict[str, bytes]:
-    if path.suffix == ".whl":
-        with zipfile.ZipFile(path) as archive_file:
-            return {info.filename: archive_file.read(info) for info in archive_file.infolist()}
-    with tarfile.open(path) as tar:
-        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+def explain(first: Path, second: Path, html: Path | None = None) -> list[str]:
+    """diffoscope's account of how two artifacts of the same name differ (text, shortened)."""
+    # diffoscope has no `python -m` entry: call its main from the same interpreter.
+    entry = "import sys; from diffoscope.main import main; sys.argv[0] = 'diffoscope'; main()"
+    argv = [sys.executable, "-c", entry, "--text", "-", "--no-progress"]
+    argv += [f"--html={html}"] if html else []
+    try:
+        result = subprocess.run(
+            [*argv, str(first), str(second)], capture_output=True, text=True, check=False
+        )
+    except OSError as error:
+        return [f"  diffoscope could not run: {error}"]
+    if result.returncode not in (0, 1) or not result.stdout and result.returncode:  # 1: differ
+        return [f"  diffoscope failed (exit {result.returncode}): {result.stderr.strip()}"]
+    lines = result.stdout.splitlines()
+    shown = ["  " + line for line in lines[:REPORT_LINES]]
+    if len(lines) > REPORT_LINES:
+        shown.append(
+            f"  ... {len(lines) - REPORT_LINES} more lines" + (f" in {html}" if html else "")
+        )
+    return shown or ["  diffoscope found no difference in content (archive metadata only?)"]
 
 
-def _zip_headers(path: Path) -> dict[str, tuple]:
-    if path.suffix != ".whl":
-        return {}
-    with zipfile.ZipFile(path) as archive_file:
-        return {
-            i.filename: (i.date_time, i.external_attr, i.compress_type, i.extra)
-            for i in archive_file.infolist()
-        }
-
-
-def explain(first: Path, second: Path) -> list[str]:
-    """Human-readable differences between two archives of the same name."""
-    a, b = _members(first), _members(second)
-    lines = [f"  only in build 1: {name}" for name in sorted(a.keys() - b.keys())]
-    lines += [f"  only in build 2: {name}" for name in sorted(b.keys() - a.keys())]
-    for name in sorted(a.keys() & b.keys()):
-        if a[name] == b[name]:
-            continue
-        lines.append(f"  differs: {name} ({len(a[name])} vs {len(b[name])} bytes)")
-        if a[name][:4] == b"\x7fELF" and b[name][:4] == b"\x7fELF":
-            sa, sb = elf.sections(a[name]), elf.sections(b[name])
-            changed = sorted(s for s in sa.keys() | sb.keys() if sa.get(s) != sb.get(s))
-            lines.append(f"    ELF sections that differ: {', '.join(changed) or '(headers only)'}")
-    ha, hb = _zip_headers(first), _zip_headers(second)
-    lines += [
-        f"  zip header differs: {name} {ha[name]} vs {hb[name]}"
-        for name in sorted(ha.keys() & hb.keys())
-        if ha[name] != hb[name]
-    ]
-    return lines or ["  archives differ outside their members (order or archive metadata)"]
-
-
-def compare(out1: Path, out2: Path) -> tuple[bool, list[str]]:
+def compare(out1: Path, out2: Path, reports: Path | None = None) -> tuple[bool, list[str]]:
     names1 = sorted(p.name for p in out1.iterdir())
     names2 = sorted(p.name for p in out2.iterdir())
     if names1 != names2:
@@ -117,7 +102,8 @@ def compare(out1: Path, out2: Path) -> tuple[bool, list[str]]:
         report.append(f"{name}\n  build 1: {h1}\n  build 2: {h2}")
         if h1 != h2:
             ok = False
-            report += explain(out1 / name, out2 / name)
+            html = reports / f"{name}.diffoscope.html" if reports else None
+            report += explain(out1 / name, out2 / name, html)
     return ok, report
 
 
@@ -137,12 +123,16 @@ def main() -> int:
         for tree, out in zip(trees, outs, strict=True):
             copy_tree(REPO, files, tree)
             build(tree, out, args.python, epoch)
-        ok, report = compare(*outs)
+        args.out.mkdir(parents=True, exist_ok=True)
+        ok, report = compare(*outs, reports=args.out)
         print("\n".join(report))
         if not ok:
             print("[repro] FAIL: the two builds differ", file=sys.stderr)
             return 1
-        args.out.mkdir(parents=True, exist_ok=True)
+        wheels = [str(p) for p in sorted(outs[0].glob("*.whl"))]
+        if subprocess.run([args.python, str(REPO / "tools/check_wheel.py"), *wheels]).returncode:
+            print("[repro] FAIL: auditwheel rejects the wheel's platform tag", file=sys.stderr)
+            return 1
         sums = []
         for artifact in sorted(outs[0].iterdir()):
             shutil.copy2(artifact, args.out / artifact.name)

@@ -22,7 +22,7 @@ from mok.backends.cuda import extension as _extension
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tools" / "build"))
 
-from mok_build import archive, elf, spec, toolchain  # noqa: E402
+from mok_build import archive, spec, toolchain  # noqa: E402
 from mok_build import compile as compile_steps  # noqa: E402
 
 SPEC = spec.load_extension_spec(REPO)
@@ -276,11 +276,40 @@ def test_wheel_record_matches_its_members(built_wheel):
     assert len(record.splitlines()) - 1 == len(members)
 
 
-def test_modules_need_no_newer_glibc_than_the_tag(built_wheel):
-    glibc = tuple(int(p) for p in SPEC.wheel_platform.split("_")[1:3])
-    for name, data in _wheel_members(built_wheel).items():
-        if name.endswith(".so"):
-            assert elf.max_version(elf.required_versions(data), "GLIBC_") <= glibc, name
+def _load_tool(name: str):
+    module_spec = importlib.util.spec_from_file_location(name, REPO / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
+def _needs(module: str):
+    return pytest.mark.skipif(
+        importlib.util.find_spec(module) is None, reason=f"{module} is not installed (make env)"
+    )
+
+
+@_needs("auditwheel")
+def test_auditwheel_accepts_the_wheel_tag(built_wheel):
+    check_wheel = _load_tool("check_wheel")
+    report = check_wheel.audit(built_wheel)
+    print(f"auditwheel: {built_wheel.name} is consistent with {report['overall_tag']}")
+    assert check_wheel.problems(built_wheel, report) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "overall", "expected"),
+    [
+        ("mok-0.1.0-cp312-cp312-manylinux_2_34_x86_64.whl", "manylinux_2_34_x86_64", None),
+        ("mok-0.1.0-cp312-cp312-manylinux_2_34_x86_64.whl", "manylinux_2_28_x86_64", None),
+        ("mok-0.1.0-cp312-cp312-manylinux_2_28_x86_64.whl", "manylinux_2_34_x86_64", "need"),
+        ("mok-0.1.0-cp312-cp312-manylinux_2_34_x86_64.whl", "manylinux_2_34_aarch64", "aarch64"),
+    ],
+    ids=["honest", "stricter", "older-than-needed", "wrong-cpu"],
+)
+def test_wheel_tag_judged_by_auditwheel_report(name, overall, expected):
+    found = _load_tool("check_wheel").problems(Path(name), {"overall_tag": overall})
+    assert (found == []) if expected is None else expected in " ".join(found)
 
 
 def test_modules_embed_no_build_paths(built_wheel):
@@ -357,26 +386,22 @@ def test_predicates_are_false_without_a_gpu(monkeypatch):
 # --- the reproducibility tool --------------------------------------------------------------
 
 
-def _load_repro_check():
-    module_spec = importlib.util.spec_from_file_location(
-        "repro_check", REPO / "tools/repro_check.py"
-    )
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    return module
+def _tiny_library(tmp_path: Path, text: str) -> bytes:
+    source = tmp_path / f"{text}.c"
+    source.write_text(f'const char *mok_marker = "{text}";\n')
+    output = tmp_path / f"{text}.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", output, source], check=True)
+    return output.read_bytes()
 
 
-def test_repro_check_names_differing_members_and_sections(built_wheel, tmp_path):
-    members = _wheel_members(built_wheel)
-    so_name = next(n for n in members if n.endswith(".so"))
-    data = bytearray(members[so_name])
-    rodata = next(s for s in elf.section_headers(bytes(data)) if s.name == ".rodata")
-    data[rodata.offset] ^= 0xFF
-    for index, payload in enumerate((members[so_name], bytes(data))):
+@_needs("diffoscope")
+def test_repro_check_explains_a_mismatch_with_diffoscope(tmp_path):
+    """Two wheels whose module differs in one string: diffoscope names the member and the bytes."""
+    so_name = "mok/_C_sm90a.cpython-312-x86_64-linux-gnu.so"
+    for index, text in enumerate(("first", "other")):
         with zipfile.ZipFile(tmp_path / f"{index}.whl", "w") as wheel:
-            wheel.writestr(so_name, payload)
+            wheel.writestr(so_name, _tiny_library(tmp_path, text))
             wheel.writestr("mok/x.py", b"x")
-    report = "\n".join(_load_repro_check().explain(tmp_path / "0.whl", tmp_path / "1.whl"))
-    assert f"differs: {so_name}" in report
-    assert "ELF sections that differ: .rodata" in report
+    report = "\n".join(_load_tool("repro_check").explain(tmp_path / "0.whl", tmp_path / "1.whl"))
+    assert so_name in report and "first" in report and "other" in report
     assert "mok/x.py" not in report

@@ -16,7 +16,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from mok_build import archive, elf, metadata
+from mok_build import archive, metadata
 from mok_build.compile import BuildConfig, Progress, build_modules, default_jobs, staged_sources
 from mok_build.spec import (
     ExtensionSpec,
@@ -26,7 +26,7 @@ from mok_build.spec import (
     pinned_requirements,
     selected_archs,
 )
-from mok_build.toolchain import ToolchainError, clean_environment, resolve
+from mok_build.toolchain import clean_environment, resolve
 
 __all__ = [
     "build_sdist",
@@ -39,11 +39,6 @@ PACKAGE = "mok"
 # What an sdist carries besides the package: enough to run this backend again.
 SDIST_TREES = ("csrc", "tools/build")
 SDIST_FILES = ("pyproject.toml", "README.md", "LICENSE", "requirements.in", "requirements.lock")
-# libstdc++ symbol versions allowed per manylinux glibc level (the auditwheel policies).
-_CXX_LIMITS = {
-    (2, 28): {"GLIBCXX_": (3, 4, 25), "CXXABI_": (1, 3, 11)},
-    (2, 34): {"GLIBCXX_": (3, 4, 29), "CXXABI_": (1, 3, 13)},
-}
 
 
 def _root() -> Path:
@@ -71,23 +66,6 @@ def _package_files(root: Path) -> dict[str, bytes]:
     return files
 
 
-def _check_platform(spec: ExtensionSpec, modules: dict[str, Path]) -> None:
-    """Every module needs no newer glibc/libstdc++ symbols than WHEEL_PLATFORM promises."""
-    parts = spec.wheel_platform.split("_")
-    glibc = (int(parts[1]), int(parts[2]))
-    limits = {"GLIBC_": glibc + (0,), **_CXX_LIMITS.get(glibc, {})}
-    for arch, path in modules.items():
-        needed = elf.required_versions(path.read_bytes())
-        for prefix, limit in limits.items():
-            found = elf.max_version(needed, prefix)
-            if found > limit:
-                raise ToolchainError(
-                    f"{path.name} ({arch}) needs {prefix}{'.'.join(map(str, found))}, more than "
-                    f"{spec.wheel_platform} allows ({prefix}{'.'.join(map(str, limit))}); build "
-                    "on an older base system or raise WHEEL_PLATFORM in tools/build/extension.bzl"
-                )
-
-
 def _compile(root: Path, project: ProjectMetadata, spec: ExtensionSpec, scratch: Path):
     epoch = archive.source_date_epoch()
     archs = selected_archs(spec)
@@ -106,7 +84,7 @@ def _compile(root: Path, project: ProjectMetadata, spec: ExtensionSpec, scratch:
             env=clean_environment(os.environ, epoch),
         )
         modules = build_modules(spec, toolchain, config, archs, progress)
-    _check_platform(spec, modules)
+    # Whether the wheel's manylinux tag is honest is auditwheel's call (tools/check_wheel.py).
     return toolchain, modules, progress
 
 
