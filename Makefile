@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.lock-sha256
 
-.PHONY: env demo test test-source lint format wheel repro lock run-benchmarks clean
+.PHONY: env demo test test-source lint format wheel repro repro-aarch64 lock run-benchmarks clean
 
 # The environment: exactly the hashes in requirements.lock (rebuilt when the lock changes).
 env: $(STAMP)
@@ -34,6 +34,14 @@ wheel: env
 
 repro: env
 	$(PY) tools/repro_check.py
+
+# The aarch64 wheel (Grace hosts), cross-built here with the same nvcc and the pinned cross g++
+# (Debian: g++-12-aarch64-linux-gnu), linking the aarch64 CUDA runtime the lock pins; two clean
+# builds must match and auditwheel must accept the tag. Adds to dist/ and dist/SHA256SUMS.
+CROSS_CUDA_AARCH64 := $(abspath build/cross-cuda-aarch64)
+repro-aarch64: env
+	$(PY) tools/cross_cuda.py aarch64 $(CROSS_CUDA_AARCH64)
+	MOK_TARGET_CPU=aarch64 MOK_CUDA_TARGET_ROOT=$(CROSS_CUDA_AARCH64) $(PY) tools/repro_check.py
 
 lint: env
 	$(VENV)/bin/ruff check .

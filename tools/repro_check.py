@@ -107,6 +107,22 @@ def compare(out1: Path, out2: Path, reports: Path | None = None) -> tuple[bool, 
     return ok, report
 
 
+def write_sums(out: Path, artifacts: list[Path]) -> None:
+    """Copy the artifacts to `out` and record them in out/SHA256SUMS, keeping the entries of
+    other artifacts already there (an x86_64 and an aarch64 run share one file)."""
+    sums_path = out / "SHA256SUMS"
+    sums = {}
+    if sums_path.is_file():
+        for line in sums_path.read_text().splitlines():
+            digest, _, name = line.partition("  ")
+            if (out / name).is_file():
+                sums[name] = digest
+    for artifact in artifacts:
+        shutil.copy2(artifact, out / artifact.name)
+        sums[artifact.name] = sha256(artifact)
+    sums_path.write_text("".join(f"{sums[name]}  {name}\n" for name in sorted(sums)))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=REPO / "dist", help="artifacts + SHA256SUMS")
@@ -133,11 +149,7 @@ def main() -> int:
         if subprocess.run([args.python, str(REPO / "tools/check_wheel.py"), *wheels]).returncode:
             print("[repro] FAIL: auditwheel rejects the wheel's platform tag", file=sys.stderr)
             return 1
-        sums = []
-        for artifact in sorted(outs[0].iterdir()):
-            shutil.copy2(artifact, args.out / artifact.name)
-            sums.append(f"{sha256(artifact)}  {artifact.name}\n")
-        (args.out / "SHA256SUMS").write_text("".join(sums))
+        write_sums(args.out, sorted(outs[0].iterdir()))
         print(f"[repro] OK: identical builds; artifacts and SHA256SUMS in {args.out}")
         return 0
     finally:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -144,6 +145,45 @@ def test_a_wrong_build_requirement_version_is_refused():
         toolchain.check_pins({"pytest": "0.0.1"})
 
 
+def test_the_host_compiler_is_pinned(tmp_path, monkeypatch):
+    compiler = tmp_path / "x86_64-linux-gnu-g++-12"
+    compiler.write_text("#!/bin/sh\necho 13.3.0\n")  # only builtins: PATH is tmp_path alone
+    compiler.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(toolchain.ToolchainError, match=r"GCC 13\.3\.0.*only with GCC 12\.2\.0"):
+        toolchain.find_host_compiler(compiler.name, "12.2.0")
+    with pytest.raises(toolchain.ToolchainError, match="g\\+\\+-12-aarch64-linux-gnu"):
+        toolchain.find_host_compiler("aarch64-linux-gnu-g++-12", "12.2.0")
+
+
+def test_every_target_cpu_has_a_compiler_and_a_tag():
+    assert set(SPEC.host_cpus) == {"x86_64", "aarch64"}
+    for cpu in SPEC.host_cpus:
+        assert SPEC.host_compilers[cpu].startswith(f"{cpu}-linux-gnu-g++")
+        assert SPEC.wheel_platforms[cpu].endswith(f"_{cpu}")
+
+
+@pytest.mark.parametrize(("value", "expected"), [("", platform.machine()), ("aarch64", "aarch64")])
+def test_target_cpu_comes_from_the_environment(value, expected):
+    assert spec.target_cpu(SPEC, {"MOK_TARGET_CPU": value}) == expected
+    with pytest.raises(spec.SpecError, match="choose from x86_64, aarch64"):
+        spec.target_cpu(SPEC, {"MOK_TARGET_CPU": "riscv64"})
+
+
+def test_a_cross_build_needs_the_target_cuda_runtime(tmp_path):
+    other = "aarch64" if platform.machine() == "x86_64" else "x86_64"
+    with pytest.raises(toolchain.ToolchainError, match=rf"tools/cross_cuda\.py {other}"):
+        toolchain.target_cuda_lib(tmp_path, other, {})
+    lib = tmp_path / "target" / "nvidia" / "cu13" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "libcudart_static.a").write_bytes(b"!<arch>\n")
+    found = toolchain.target_cuda_lib(
+        tmp_path, other, {"MOK_CUDA_TARGET_ROOT": str(lib.parents[2])}
+    )
+    assert found == lib.resolve()
+    assert toolchain.target_cuda_lib(tmp_path, platform.machine(), {}) == tmp_path / "lib"
+
+
 def test_hidden_compiler_inputs_are_dropped():
     env = toolchain.clean_environment({"PATH": "/bin", "NVCC_APPEND_FLAGS": "-G"}, 5)
     assert env["PATH"] == "/bin" and "NVCC_APPEND_FLAGS" not in env
@@ -263,7 +303,10 @@ def test_wheel_carries_one_module_per_arch(built_wheel):
 
 def test_wheel_name_and_tag(built_wheel):
     python = f"cp{sys.version_info.major}{sys.version_info.minor}"
-    assert built_wheel.name == f"mok-{mok.__version__}-{python}-{python}-{SPEC.wheel_platform}.whl"
+    cpu = built_wheel.name.removesuffix(".whl").rsplit("_", 1)[1]
+    cpu = "x86_64" if cpu == "64" else cpu  # manylinux_2_34_x86_64 splits inside the CPU name
+    tag = SPEC.wheel_platforms[cpu]
+    assert built_wheel.name == f"mok-{mok.__version__}-{python}-{python}-{tag}.whl"
 
 
 def test_wheel_record_matches_its_members(built_wheel):

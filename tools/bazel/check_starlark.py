@@ -310,7 +310,7 @@ def _check_wheel(root: Path, calls: list[Call], extension: dict) -> list[str]:
         "requires": project.get("dependencies", []),
         "python_requires": project["requires-python"],
         "stamp": 0,
-        "platform": extension["WHEEL_PLATFORM"],
+        "platform": extension["WHEEL_PLATFORMS"]["x86_64"],
         "python_tag": "cp" + project["requires-python"].removeprefix(">=").replace(".", ""),
     }
     for attr, want in expected.items():

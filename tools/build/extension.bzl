@@ -153,7 +153,26 @@ LINK_LIBS = [
     "-ldl",
 ]
 
-# The wheel's platform tag. The modules are linked on Debian 12 (glibc 2.36, GCC 12): the static
-# CUDA runtime binds pthread/dl symbols at GLIBC_2.34, so 2_34 is the honest tag; the PEP 517
-# backend reads the binaries' symbol versions and fails if they need more than this.
-WHEEL_PLATFORM = "manylinux_2_34_x86_64"
+# The host CPUs wheels are built for (the names `uname -m` and wheel tags use): x86_64 hosts and
+# aarch64 Grace hosts (GH200, GB200/GB300 NVL72). Both are built on x86_64: aarch64 by cross-compiling.
+HOST_CPUS = ["x86_64", "aarch64"]
+
+# The host C++ compiler nvcc runs (-ccbin) and the link step uses, per target CPU: Debian 12's GCC
+# 12.2.0, native and cross (packages g++-12 and g++-12-aarch64-linux-gnu; CI pins the Debian image
+# by digest). The PEP 517 backend refuses any other version. zig c++ (PyPI ziglang) was tried and
+# is refused by nvcc 13.0 itself: it is clang 21 with libc++, and host_config.h accepts clang < 21,
+# host_defines.h no libc++ on x86.
+HOST_COMPILER_VERSION = "12.2.0"
+
+HOST_COMPILERS = {
+    "x86_64": "x86_64-linux-gnu-g++-12",
+    "aarch64": "aarch64-linux-gnu-g++-12",
+}
+
+# The wheels' platform tags. The modules are linked against Debian 12 (glibc 2.36, GCC 12): the
+# static CUDA runtime binds pthread/dl symbols at GLIBC_2.34, so 2_34 is the honest tag;
+# tools/check_wheel.py has auditwheel confirm it for every wheel.
+WHEEL_PLATFORMS = {
+    "x86_64": "manylinux_2_34_x86_64",
+    "aarch64": "manylinux_2_34_aarch64",
+}

@@ -5,6 +5,8 @@ CUDA extension module per architecture with the pinned nvcc (see toolchain.py) a
 byte-reproducible wheel (see archive.py). Environment knobs:
 
   MOK_ARCHS=sm_90a[,...]  build only these archs (quick dev builds; default: all of ARCHS)
+  MOK_TARGET_CPU=aarch64  the wheel's host CPU (default: this machine's); a cross build also
+                          needs MOK_CUDA_TARGET_ROOT (see toolchain.py)
   MOK_BUILD_JOBS=N        parallel compiler processes (default: the usable CPUs)
   MOK_GIT_COMMIT=<sha>    commit stamped into build_info() (default: "unknown")
   SOURCE_DATE_EPOCH=<s>   archive timestamps (default: archive.DEFAULT_EPOCH)
@@ -25,6 +27,7 @@ from mok_build.spec import (
     load_project,
     pinned_requirements,
     selected_archs,
+    target_cpu,
 )
 from mok_build.toolchain import clean_environment, resolve
 
@@ -69,7 +72,10 @@ def _package_files(root: Path) -> dict[str, bytes]:
 def _compile(root: Path, project: ProjectMetadata, spec: ExtensionSpec, scratch: Path):
     epoch = archive.source_date_epoch()
     archs = selected_archs(spec)
-    toolchain = resolve(spec.cuda_version, pinned_requirements(project.build_requires))
+    cpu = target_cpu(spec)
+    compiler = (spec.host_compilers[cpu], spec.host_compiler_version)
+    pins = pinned_requirements(project.build_requires)
+    toolchain = resolve(spec.cuda_version, pins, compiler, cpu, os.environ)
     progress = Progress(len(archs) * (len(spec.extension_sources) + 1))
     if archs != spec.archs:
         progress.log(f"MOK_ARCHS: partial build ({', '.join(archs)}), not a release wheel")
@@ -97,7 +103,8 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None) 
         files = _package_files(root)
         for path in modules.values():
             files[f"{PACKAGE}/{path.name}"] = path.read_bytes()
-        tag = f"{toolchain.python_tag}-{toolchain.python_tag}-{spec.wheel_platform}"
+        platform = spec.wheel_platforms[toolchain.target_cpu]
+        tag = f"{toolchain.python_tag}-{toolchain.python_tag}-{platform}"
         dist_info = f"{project.dist_name}-{project.version}.dist-info"
         files[f"{dist_info}/METADATA"] = metadata.core_metadata(project, root).encode()
         files[f"{dist_info}/WHEEL"] = metadata.wheel_file(tag, project.version).encode()

@@ -157,7 +157,7 @@ def link_step(
         "-o",
         str(output),
         *[str(obj) for obj in objects],
-        f"-L{tc.cuda_root / 'lib'}",
+        f"-L{tc.cuda_lib}",
         *spec.link_libs,
     ]
     return Step(f"{arch} link {output.name}", tuple(argv), output)
@@ -213,7 +213,8 @@ def build_modules(
     sources = spec.extension_sources
     progress = progress or Progress(len(archs) * (len(sources) + 1))
     progress.log(
-        f"nvcc {tc.nvcc_version} ({tc.nvcc}), archs {', '.join(archs)}, {cfg.jobs} parallel jobs"
+        f"nvcc {tc.nvcc_version} ({tc.nvcc}), host compiler {tc.host_compiler.name} for "
+        f"{tc.target_cpu}, archs {', '.join(archs)}, {cfg.jobs} parallel jobs"
     )
     pool = ThreadPoolExecutor(max_workers=cfg.jobs)
     try:

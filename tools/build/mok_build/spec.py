@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import os
+import platform
 import re
 import tomllib
 from dataclasses import dataclass
@@ -31,7 +32,10 @@ _FIELDS: dict[str, type] = {
     "REPRODUCIBLE_FLAGS": list,
     "LINK_FLAGS": list,
     "LINK_LIBS": list,
-    "WHEEL_PLATFORM": str,
+    "HOST_CPUS": list,
+    "HOST_COMPILER_VERSION": str,
+    "HOST_COMPILERS": dict,
+    "WHEEL_PLATFORMS": dict,
 }
 
 
@@ -76,7 +80,10 @@ class ExtensionSpec:
     reproducible_flags: tuple[str, ...]
     link_flags: tuple[str, ...]
     link_libs: tuple[str, ...]
-    wheel_platform: str
+    host_cpus: tuple[str, ...]
+    host_compiler_version: str
+    host_compilers: dict[str, str]
+    wheel_platforms: dict[str, str]
 
     def module_name(self, arch: str) -> str:
         return self.module_names[arch]
@@ -99,6 +106,15 @@ def load_extension_spec(root: Path) -> ExtensionSpec:
                 "COMPUTE_CAPABILITY"
             )
     return spec
+
+
+def target_cpu(spec: ExtensionSpec, environ: dict[str, str] | None = None) -> str:
+    """MOK_TARGET_CPU (x86_64 or aarch64: the wheel's host CPU), by default this machine's."""
+    environ = os.environ if environ is None else environ
+    cpu = environ.get("MOK_TARGET_CPU", "").strip() or platform.machine()
+    if cpu not in spec.host_cpus:
+        raise SpecError(f"MOK_TARGET_CPU={cpu!r}: choose from {', '.join(spec.host_cpus)}")
+    return cpu
 
 
 def selected_archs(spec: ExtensionSpec, environ: dict[str, str] | None = None) -> tuple[str, ...]:

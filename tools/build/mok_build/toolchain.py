@@ -4,13 +4,19 @@ The build never looks at PATH, CUDA_HOME or /usr/local/cuda for nvcc: the only c
 is the one the hash-locked `nvidia-cuda-nvcc` wheel installed next to the running interpreter
 (site-packages/nvidia/cu13/bin/nvcc), and `nvcc --version` must report the version in
 extension.bzl. The other build requirements pinned in pyproject.toml must be installed at exactly
-those versions (a stray newer nvidia-nvvm or nvidia-cuda-crt breaks ptxas).
+those versions (a stray newer nvidia-nvvm or nvidia-cuda-crt breaks ptxas). The host C++ compiler
+is the one extension.bzl names for the target CPU, at its pinned version.
+
+Cross-building (MOK_TARGET_CPU=aarch64 on an x86_64 machine): nvcc runs here and drives the cross
+g++; the CUDA runtime linked in is the target's, from the locked aarch64 nvidia-cuda-runtime wheel
+unpacked under $MOK_CUDA_TARGET_ROOT (tools/cross_cuda.py puts it there).
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import platform
 import re
 import shutil
 import subprocess
@@ -48,12 +54,14 @@ class Toolchain:
     nvcc: Path
     nvcc_version: str
     cuda_root: Path  # .../nvidia/cu13: include/, lib/, nvvm/
+    cuda_lib: Path  # the target CPU's libcudart_static.a lives here
     host_compiler: Path
     python_include: Path
     pybind11_include: Path
     cutlass_include: Path  # CUTLASS/CuTe headers of the pinned nvidia-cutlass wheel
     python_tag: str  # cp312
     extension_suffix: str  # .cpython-312-x86_64-linux-gnu.so
+    target_cpu: str  # x86_64 or aarch64
 
     @property
     def external_include_maps(self) -> dict[Path, str]:
@@ -125,11 +133,41 @@ def check_pins(pins: Mapping[str, str]) -> None:
         )
 
 
-def find_host_compiler() -> Path:
-    found = shutil.which("g++")
+def find_host_compiler(name: str, version: str) -> Path:
+    """The pinned host compiler `name` (extension.bzl HOST_COMPILERS) at exactly `version`."""
+    found = shutil.which(name)
     if found is None:
-        raise ToolchainError("nvcc needs a host C++ compiler: no g++ on PATH")
+        raise ToolchainError(
+            f"nvcc needs the host compiler {name} (GCC {version}): on Debian 12 install g++-12, "
+            "or g++-12-aarch64-linux-gnu to cross-build for aarch64"
+        )
+    try:
+        result = subprocess.run(
+            [found, "-dumpfullversion"], capture_output=True, text=True, check=True, timeout=60
+        )
+    except (OSError, subprocess.SubprocessError) as error:
+        raise ToolchainError(f"cannot run `{found} -dumpfullversion`: {error}") from error
+    if result.stdout.strip() != version:
+        raise ToolchainError(
+            f"{found} is GCC {result.stdout.strip()}, but this project is built only with GCC "
+            f"{version} (tools/build/extension.bzl HOST_COMPILER_VERSION)"
+        )
     return Path(found)
+
+
+def target_cuda_lib(cuda_root: Path, target_cpu: str, environ: Mapping[str, str]) -> Path:
+    """Where the target CPU's libcudart_static.a is: the environment's own, or for a cross build
+    $MOK_CUDA_TARGET_ROOT/nvidia/cu13/lib (the locked wheel of the target CPU, unpacked)."""
+    if target_cpu == platform.machine():
+        return cuda_root / "lib"
+    root = environ.get("MOK_CUDA_TARGET_ROOT", "").strip()
+    lib = Path(root) / "nvidia" / "cu13" / "lib"
+    if not root or not (lib / "libcudart_static.a").is_file():
+        raise ToolchainError(
+            f"cross-building for {target_cpu} needs its CUDA runtime: run "
+            f"`python tools/cross_cuda.py {target_cpu} DIR` and set MOK_CUDA_TARGET_ROOT=DIR"
+        )
+    return lib.resolve()
 
 
 def python_include() -> Path:
@@ -170,21 +208,36 @@ def python_tag() -> str:
     return f"cp{sys.version_info.major}{sys.version_info.minor}"
 
 
-def resolve(expected_nvcc: str, pins: Mapping[str, str]) -> Toolchain:
-    """Find and verify every tool and header directory the build needs."""
+def resolve(
+    expected_nvcc: str,
+    pins: Mapping[str, str],
+    host_compiler: tuple[str, str],
+    target_cpu: str,
+    environ: Mapping[str, str],
+) -> Toolchain:
+    """Find and verify every tool and header directory the build needs.
+
+    host_compiler: (name, version) from extension.bzl for `target_cpu`. The Python headers are
+    this interpreter's: CPython's API and ABI are the same on both 64-bit Linux CPUs (only
+    pyconfig.h's x87 lines differ, which no extension reads).
+    """
     check_pins(pins)
     nvcc = find_nvcc()
     version = check_nvcc(nvcc, expected_nvcc)
+    cuda_root = nvcc.parent.parent
+    tag = python_tag()
     return Toolchain(
         nvcc=nvcc,
         nvcc_version=version,
-        cuda_root=nvcc.parent.parent,
-        host_compiler=find_host_compiler(),
+        cuda_root=cuda_root,
+        cuda_lib=target_cuda_lib(cuda_root, target_cpu, environ),
+        host_compiler=find_host_compiler(*host_compiler),
         python_include=python_include(),
         pybind11_include=pybind11_include(),
         cutlass_include=cutlass_include(),
-        python_tag=python_tag(),
-        extension_suffix=sysconfig.get_config_var("EXT_SUFFIX"),
+        python_tag=tag,
+        extension_suffix=f".cpython-{tag[2:]}-{target_cpu}-linux-gnu.so",
+        target_cpu=target_cpu,
     )
 
 
