@@ -3,7 +3,7 @@
 #
 #   tools/test_wheel.sh [pytest args...]          e.g. tools/test_wheel.sh -m gpu -x
 #
-# The wheel is $MOK_WHEEL, else the one dist/mok-*.whl (`make wheel` or tools/repro_check.py put
+# The wheel is $MOK_WHEEL, else the one dist/mok-*_<this CPU>.whl (`make wheel` or tools/repro_check.py put
 # it there). The fresh environment (.venv-test) gets only the wheel (--no-deps); a .pth file
 # makes the locked dependencies of .venv (torch, pytest, ...) importable without downloading
 # anything. pytest runs through a console script of that environment with --import-mode=importlib,
@@ -18,10 +18,10 @@ fresh="${MOK_TEST_VENV:-$repo/.venv-test}"
 wheel="${MOK_WHEEL:-}"
 if [[ -z "$wheel" ]]; then
   shopt -s nullglob
-  wheels=("$repo"/dist/mok-*.whl)
+  wheels=("$repo"/dist/mok-*_"$(uname -m)".whl)  # dist/ may also hold other CPUs' wheels
   shopt -u nullglob
   if [[ ${#wheels[@]} -ne 1 ]]; then
-    echo "test_wheel: expected exactly one dist/mok-*.whl, found ${#wheels[@]}" \
+    echo "test_wheel: expected exactly one dist/mok-*_$(uname -m).whl, found ${#wheels[@]}" \
       "(${wheels[*]:-none}); build one with 'make wheel' or set MOK_WHEEL" >&2
     exit 2
   fi

@@ -21,11 +21,13 @@ def _workflow(name: str) -> str:
     return (WORKFLOWS / name).read_text()
 
 
-@pytest.mark.parametrize("name", ["ci.yml", "gpu.yml", "release.yml"])
+@pytest.mark.parametrize("name", ["ci.yml", "gpu.yml", "gpu-tests.yml", "release.yml"])
 def test_actions_pinned_by_commit(name):
     uses = re.findall(r"uses:\s*(\S+)(.*)", _workflow(name))
     assert uses
     for action, comment in uses:
+        if action.startswith("./.github/workflows/"):
+            continue  # this repository's own reusable workflow, at the same commit
         assert re.fullmatch(r"[\w.-]+/[\w.-]+@[0-9a-f]{40}", action), action
         assert re.search(r"#\s*v?\d+\.\d+\.\d+", comment), f"{action}: name the release it pins"
 
@@ -35,10 +37,39 @@ def test_actions_pinned_by_commit(name):
     [
         (
             "ci.yml",
-            ["make lint", "make test", "make wheel", "make repro", "bazel test --config=cpu"],
+            [
+                "make lint",
+                "make test",
+                "make repro",
+                "make repro-aarch64",
+                "bazel build --nobuild //...",
+                "bazel run //:buildifier.check",
+                "bazel test --config=cpu",
+            ],
         ),
-        ("gpu.yml", ["bazel test --config=${{ matrix.config }} //tests/...", "self-hosted"]),
-        ("release.yml", ["make repro", "tools/test_wheel.sh", "sha256sum -c SHA256SUMS"]),
+        (
+            "gpu.yml",
+            [
+                "bazel test --config=${{ matrix.config }} //tests/...",
+                "self-hosted",
+                "uses: ./.github/workflows/gpu-tests.yml",
+            ],
+        ),
+        (
+            "gpu-tests.yml",
+            ["--config=release_wheel", "MOK_WHEEL_SHA256=", "bazel test --config=nvl72"],
+        ),
+        (
+            "release.yml",
+            [
+                "make repro",
+                "make repro-aarch64",
+                "tools/test_wheel.sh",
+                "sha256sum -c SHA256SUMS",
+                "uses: ./.github/workflows/gpu-tests.yml",
+                "needs: [build, gpu]",
+            ],
+        ),
     ],
 )
 def test_workflows_run_the_documented_commands(name, commands):
@@ -47,7 +78,22 @@ def test_workflows_run_the_documented_commands(name, commands):
 
 
 def test_self_hosted_runners_never_run_pull_requests():
-    assert "pull_request" not in _workflow("gpu.yml")
+    for name in ("gpu.yml", "gpu-tests.yml", "release.yml"):
+        assert "pull_request" not in _workflow(name), name
+
+
+def test_release_publishes_only_what_the_gpu_runners_tested():
+    """Tested then shipped, by SHA-256: each GPU runner reports the sha256sum line of the wheel it
+    tested (checked by the test runner against MOK_WHEEL_SHA256), and publish refuses a wheel
+    whose line no runner reported, and a reported line that SHA256SUMS does not hold."""
+    tests, release = _workflow("gpu-tests.yml"), _workflow("release.yml")
+    assert tests.count('sha256sum "$wheel" | sed') == 2  # host runners and NVL72 trays
+    assert tests.count("name: tested-") == 2
+    publish = release.split("\n  publish:\n", 1)[1]
+    assert "pattern: tested-*" in publish
+    assert 'grep -qxF "$(sha256sum "$wheel")" ../tested/tested-*' in publish
+    assert 'grep -qxF "$(cat "$line_file")" SHA256SUMS' in publish
+    assert "make" not in publish and "bazel" not in publish  # nothing is rebuilt before upload
 
 
 def test_renovate_covers_every_pinned_file():
