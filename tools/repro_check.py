@@ -136,8 +136,9 @@ def main() -> int:
     outs = [work / "out1", work / "out2"]
     files = source_files(REPO)
     try:
-        for tree, out in zip(trees, outs, strict=True):
+        for tree in trees:  # both copies first: edits made during the builds reach neither
             copy_tree(REPO, files, tree)
+        for tree, out in zip(trees, outs, strict=True):
             build(tree, out, args.python, epoch)
         args.out.mkdir(parents=True, exist_ok=True)
         ok, report = compare(*outs, reports=args.out)

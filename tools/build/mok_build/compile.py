@@ -212,6 +212,8 @@ def build_modules(
     """Compile and link every arch's module in parallel; {arch: path of the .so}."""
     sources = spec.extension_sources
     progress = progress or Progress(len(archs) * (len(sources) + 1))
+    if not tc.host_compiler_pinned:
+        progress.log(f"MOK_HOST_CXX={tc.host_compiler}: not the pinned compiler (no release build)")
     progress.log(
         f"nvcc {tc.nvcc_version} ({tc.nvcc}), host compiler {tc.host_compiler.name} for "
         f"{tc.target_cpu}, archs {', '.join(archs)}, {cfg.jobs} parallel jobs"

@@ -56,6 +56,7 @@ class Toolchain:
     cuda_root: Path  # .../nvidia/cu13: include/, lib/, nvvm/
     cuda_lib: Path  # the target CPU's libcudart_static.a lives here
     host_compiler: Path
+    host_compiler_pinned: bool  # False: MOK_HOST_CXX chose it (a contributor's build, e.g. Nix)
     python_include: Path
     pybind11_include: Path
     cutlass_include: Path  # CUTLASS/CuTe headers of the pinned nvidia-cutlass wheel
@@ -217,21 +218,25 @@ def resolve(
 ) -> Toolchain:
     """Find and verify every tool and header directory the build needs.
 
-    host_compiler: (name, version) from extension.bzl for `target_cpu`. The Python headers are
-    this interpreter's: CPython's API and ABI are the same on both 64-bit Linux CPUs (only
-    pyconfig.h's x87 lines differ, which no extension reads).
+    host_compiler: (name, version) from extension.bzl for `target_cpu`. $MOK_HOST_CXX replaces it
+    with another compiler (the Nix flake's, which nixpkgs pairs with CUDA): the build then says
+    it is not a release build, since its bytes cannot match the release wheel's. The Python
+    headers are this interpreter's: CPython's API and ABI are the same on both 64-bit Linux CPUs
+    (only pyconfig.h's x87 lines differ, which no extension reads).
     """
     check_pins(pins)
     nvcc = find_nvcc()
     version = check_nvcc(nvcc, expected_nvcc)
     cuda_root = nvcc.parent.parent
     tag = python_tag()
+    override = environ.get("MOK_HOST_CXX", "").strip()
     return Toolchain(
         nvcc=nvcc,
         nvcc_version=version,
         cuda_root=cuda_root,
         cuda_lib=target_cuda_lib(cuda_root, target_cpu, environ),
-        host_compiler=find_host_compiler(*host_compiler),
+        host_compiler=Path(override) if override else find_host_compiler(*host_compiler),
+        host_compiler_pinned=not override,
         python_include=python_include(),
         pybind11_include=pybind11_include(),
         cutlass_include=cutlass_include(),
