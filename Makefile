@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.lock-sha256
 
-.PHONY: env demo test test-source lint format wheel repro repro-aarch64 lock run-benchmarks clean
+.PHONY: env demo test test-source lint format wheel repro repro-aarch64 lock nix-wheels run-benchmarks clean
 
 # The environment: exactly the hashes in requirements.lock (rebuilt when the lock changes).
 env: $(STAMP)
@@ -58,6 +58,12 @@ format: env
 lock: env
 	$(PY) -m uv pip compile --quiet --universal --python-version=3.12 --generate-hashes \
 		--output-file=requirements.lock requirements.in
+	$(PY) tools/nix_wheels.py
+
+# nix/wheels.nix, the flake's copy of the lock (URL + the lock's hash of each wheel, per system):
+# regenerate after every `make lock` (tests/cpu/test_nix_flake.py fails until it agrees).
+nix-wheels: env
+	$(PY) tools/nix_wheels.py
 
 # The benchmark on this machine: GPUS=N ranks through torchrun (CPU: the --smoke mode). Its rows
 # are appended to RESULTS (git ignores benchmarks/local/); on a GPU,
