@@ -1,7 +1,8 @@
 """The Bazel files, checked without Bazel: evaluated with stubbed rules
-(tools/bazel/check_starlark.py) and formatted/linted by the pinned buildifier. A second group
-breaks a copy of the repository on purpose and shows each check failing, so a green run means
-something.
+(tools/bazel/check_starlark.py: what Bazel would not catch, or only on a GPU runner; attributes and
+labels are `bazel build --nobuild`'s job in ci.yml) and formatted/linted by the pinned
+buildifier. A second group breaks a copy of the repository on purpose and shows each check
+failing, so a green run means something.
 """
 
 from __future__ import annotations
@@ -52,15 +53,6 @@ def test_every_bazel_file_evaluates(evaluated):
     assert {"MODULE.bazel", "BUILD.bazel", "mok/BUILD.bazel"} <= {
         p.relative_to(ROOT).as_posix() for p in bazel_files(ROOT)
     }
-
-
-def test_only_attributes_the_pinned_rules_define(evaluated):
-    assert cs.check_attributes(evaluated.calls) == []
-
-
-def test_referenced_files_and_repositories_exist(evaluated):
-    lock = cs.read_lock(ROOT)
-    assert cs.check_labels(ROOT, evaluated.calls, lock) + cs.check_repos(evaluated) == []
 
 
 def test_every_test_file_has_one_target(evaluated):
@@ -180,10 +172,6 @@ def _remove_source(root: Path) -> None:
     (root / "csrc/mxfp8/quantize.cu").unlink()
 
 
-def _unknown_attribute(root: Path) -> None:
-    _break(root, "BUILD.bazel", "    stamp = 0,\n", '    stamp = 0,\n    strip_prefix = "mok",\n')
-
-
 def _untargeted_test(root: Path) -> None:
     (root / "tests/integration").mkdir(exist_ok=True)
     (root / "tests/integration/test_new.py").write_text("def test_nothing():\n    pass\n")
@@ -193,12 +181,12 @@ def _unlisted_source(root: Path) -> None:
     (root / "csrc/extra.cu").write_text("// compiled by nobody\n")
 
 
-def _module_bump(root: Path) -> None:
+def _pybind11_drift(root: Path) -> None:
     _break(
         root,
         "MODULE.bazel",
-        '"rules_python", version = "2.3.2"',
-        '"rules_python", version = "9.9.9"',
+        '"pybind11_bazel", version = "3.0.1"',
+        '"pybind11_bazel", version = "3.0.2"',
     )
 
 
@@ -217,10 +205,12 @@ def _test_only_config(root: Path) -> None:
 
 BREAKAGES = {
     "missing source": (_remove_source, r"csrc/mxfp8/quantize\.cu.*(missing|no such file)"),
-    "unknown attribute": (_unknown_attribute, r"attribute 'strip_prefix' is not defined"),
     "untargeted test": (_untargeted_test, r"tests/integration/test_new\.py: 0 py_test targets"),
     "unbuilt csrc source": (_unlisted_source, r"csrc/extra\.cu: a csrc source not in EXTENSION"),
-    "module version drift": (_module_bump, r"rules_python 9\.9\.9: attribute tables were read for"),
+    "pybind11 drift": (
+        _pybind11_drift,
+        r"pybind11 3\.0\.1 in the lock, 3\.0\.2 from pybind11_bazel",
+    ),
     "unknown extension tag": (_unknown_tag, r"has no attribute `toolchain`"),
     "empty nvl72 tier": (_empty_nvl72_tier, r"--config=nvl72 selects no test target"),
     "test-only config": (_test_only_config, r"test:gpu .*must be `common:`"),

@@ -3,14 +3,17 @@
     python tools/bazel/check_starlark.py [REPO_ROOT]
 
 Prints one line per problem and exits 1 when there is any. It evaluates every MODULE.bazel /
-BUILD.bazel / .bzl with stubbed rules (starlark_eval.py), then checks that
-  - only rules, tags and attributes that the pinned rule-set versions define are used,
-  - every label that names a file in this repository exists,
-  - every tests/**/test_*.py has exactly one py_test,
+BUILD.bazel / .bzl with stubbed rules (starlark_eval.py), then checks what Bazel itself would not
+see, or would see only on a GPU runner:
+  - every tests/**/test_*.py has a py_test named after it,
   - every source named in tools/build/extension.bzl (and every csrc/ source) is compiled for every
     architecture, each module carrying only its own architecture,
-  - versions agree: MODULE.bazel pins vs the verified attribute tables, Python, CUDA and pybind11
-    vs requirements.lock and extension.bzl, the wheel's metadata vs pyproject.toml.
+  - versions agree: Python, CUDA and pybind11 vs requirements.lock and extension.bzl, the wheel's
+    metadata vs pyproject.toml,
+  - every .bazelrc config is a `common:` one (build, cquery and test all accept it), and every
+    tier's tag filter selects at least one test (an empty tier makes `bazel test` exit 4).
+Attribute names, labels and repositories are left to `bazel build --nobuild` (ci.yml), which
+knows them exactly.
 """
 
 from __future__ import annotations
@@ -21,17 +24,8 @@ import sys
 import tomllib
 from pathlib import Path
 
-from pinned_rules import (
-    CUDA_COMPONENTS,
-    CUDA_REDIST_COMPONENTS,
-    EXTENSIONS,
-    MODULE_FUNCTIONS,
-    NATIVE,
-    PINNED_MODULES,
-    RULES,
-    Rule,
-)
-from starlark_eval import Call, Evaluator, evaluate_repository, is_package, label_to_path
+from pinned_rules import CUDA_COMPONENTS, CUDA_REDIST_COMPONENTS
+from starlark_eval import Call, Evaluator, evaluate_repository, label_to_path
 
 PY_TEST = ("@rules_python//python:py_test.bzl", "py_test")
 PY_WHEEL = ("@rules_python//python:packaging.bzl", "py_wheel")
@@ -62,114 +56,11 @@ def read_lock(root: Path) -> dict[str, str]:
     return {re.sub(r"[-_.]+", "-", name).lower(): version for name, version in pins}
 
 
-def _spec(call: Call) -> Rule | None:
-    if call.kind == "rule":
-        return RULES.get(call.key)
-    if call.kind == "native":
-        return NATIVE.get(call.key[0])
-    if call.kind == "module":
-        return MODULE_FUNCTIONS.get(call.key[0])
-    return EXTENSIONS.get(call.key[:2], {}).get(call.key[2])
-
-
-def _where(call: Call) -> str:
-    name = call.attrs.get("name", "")
-    what = call.key[-1] if call.kind != "tag" else f"{call.key[1]}.{call.key[2]}"
-    return f"//{call.package}:{name} ({what})" if call.package or name else what
-
-
-def check_attributes(calls: list[Call]) -> list[str]:
-    problems = []
-    for call in calls:
-        spec = _spec(call)
-        if spec is None:
-            problems.append(f"{_where(call)}: not defined by any pinned rule set")
-            continue
-        allowed = spec.attrs | {"name"} if call.kind in ("rule", "native") else spec.attrs
-        for attr in sorted(set(call.attrs) - allowed):
-            problems.append(f"{_where(call)}: attribute '{attr}' is not defined ({spec.source})")
-        for attr in sorted(spec.mandatory - set(call.attrs)):
-            problems.append(f"{_where(call)}: mandatory attribute '{attr}' missing")
-    return problems
-
-
-def _declared(calls: list[Call]) -> set[str]:
-    """Every target name declared, as "package:name" (macros declare name, name.so, ...)."""
-    names = set()
-    for call in calls:
-        name = call.attrs.get("name")
-        if name and call.kind in ("rule", "native"):
-            names |= {f"{call.package}:{name}", f"{call.package}:{name}.so"}
-    return names
-
-
-def _as_list(value) -> list:
-    if isinstance(value, dict):
-        return list(value)
-    return value if isinstance(value, list) else [value]
-
-
-def check_labels(root: Path, calls: list[Call], lock: dict[str, str]) -> list[str]:
-    declared, problems = _declared(calls), []
-    for call in calls:
-        spec = _spec(call)
-        for attr in sorted(spec.label_attrs if spec else ()):
-            for label in _as_list(call.attrs.get(attr, [])):
-                problem = _check_label(root, call, label, declared, lock)
-                if problem:
-                    problems.append(f"{_where(call)}: {attr} {label!r}: {problem}")
-    return problems
-
-
-def _check_label(root: Path, call: Call, label, declared: set[str], lock) -> str | None:
-    if not isinstance(label, str) or label.startswith("@@"):
-        return None
-    if label.startswith("@pypi//"):
-        name = re.sub(r"[-_.]+", "-", label[len("@pypi//") :].split(":")[0]).lower()
-        return None if name in lock else "not a package in requirements.lock"
-    if label.startswith("@"):
-        return None
-    package, name = _split_label(label, call.package)
-    if f"{package}:{name}" in declared:
-        return None
-    path = root / label_to_path(f"//{package}:{name}", "")
-    if not path.is_file():
-        return "no such file or target"
-    owner = next((p for p in [path.parent, *path.parent.parents] if is_package(p)), root)
-    if owner != root / package:
-        return f"file belongs to package //{owner.relative_to(root).as_posix()}"
-    return None
-
-
 def _split_label(label: str, package: str) -> tuple[str, str]:
     if label.startswith("//"):
         pkg, sep, name = label[2:].partition(":")
         return pkg, name if sep else pkg.rsplit("/", 1)[-1]
     return package, label.lstrip(":")
-
-
-def check_repos(evaluator: Evaluator) -> list[str]:
-    """Every external repository a file loads from or names must come from MODULE.bazel."""
-    known = {"bazel_tools"} | evaluator.extension_repos
-    for call in evaluator.calls:
-        if call.key == ("bazel_dep",):
-            known.add(call.attrs.get("repo_name") or call.attrs["name"])
-    named = set(evaluator.loaded_repos)
-    for call in evaluator.calls:
-        for value in call.attrs.values():
-            named |= {v[1:].split("//")[0] for v in _as_list(value) if _is_external(v)}
-    return [
-        f"@{repo}: not a bazel_dep or use_repo of MODULE.bazel" for repo in sorted(named - known)
-    ]
-
-
-def _is_external(value) -> bool:
-    return (
-        isinstance(value, str)
-        and value.startswith("@")
-        and "//" in value
-        and not value.startswith("@@")
-    )
 
 
 def check_tests(root: Path, calls: list[Call]) -> list[str]:
@@ -242,14 +133,8 @@ def _tags(calls: list[Call], key: tuple[str, str], tag: str) -> list[dict]:
 def check_versions(
     root: Path, calls: list[Call], extension: dict, lock: dict[str, str]
 ) -> list[str]:
-    problems = []
     deps = {c.attrs["name"]: c.attrs.get("version") for c in calls if c.key == ("bazel_dep",)}
-    for name, version in sorted(deps.items()):
-        if PINNED_MODULES.get(name) != version:
-            problems.append(
-                f"MODULE.bazel: {name} {version}: attribute tables were read for "
-                f"{PINNED_MODULES.get(name)} (re-read them, then update pinned_rules.py)"
-            )
+    problems = []
     bindings = deps.get("pybind11_bazel", "").split(".bzl.")[0]
     if lock.get("pybind11") != bindings:
         problems.append(
@@ -416,9 +301,6 @@ def run_checks(root: Path) -> list[str]:
     calls, extension, lock = evaluator.calls, read_extension(root), read_lock(root)
     return [
         *evaluator.problems,
-        *check_attributes(calls),
-        *check_labels(root, calls, lock),
-        *check_repos(evaluator),
         *check_tests(root, calls),
         *check_extension(root, calls, extension),
         *check_versions(root, calls, extension, lock),
