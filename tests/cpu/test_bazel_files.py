@@ -235,3 +235,42 @@ def test_buildifier_catches_bad_formatting(tmp_path):
         [str(BUILDIFIER), "--mode=check", str(bad)], capture_output=True, text=True
     )
     assert result.returncode != 0
+
+
+# ---- the py_test entry point: launch modes and the wheel's hash ------------------------------
+
+
+def _pytest_main():
+    import importlib.util
+
+    module_spec = importlib.util.spec_from_file_location(
+        "pytest_main", ROOT / "tools/bazel/pytest_main.py"
+    )
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
+def test_torchrun_launch_modes():
+    main = _pytest_main()
+    host = main.torchrun_argv("host", {})
+    assert host[1:] == ["-m", "torch.distributed.run", "--nproc-per-node=gpu", "--standalone"]
+    rack = main.torchrun_argv(
+        "rack", {"MOK_NNODES": "18", "MOK_RDZV_ENDPOINT": "tray0:29500", "MOK_RDZV_ID": "r1"}
+    )
+    assert {"--nnodes=18", "--rdzv-endpoint=tray0:29500", "--rdzv-id=r1"} <= set(rack)
+    with pytest.raises(SystemExit, match="MOK_NNODES, MOK_RDZV_ENDPOINT, MOK_RDZV_ID unset"):
+        main.torchrun_argv("rack", {})
+
+
+def test_a_wheel_with_another_hash_is_refused(tmp_path, monkeypatch):
+    main = _pytest_main()
+    wheel = tmp_path / "mok-0.1.0-cp312-cp312-manylinux_2_34_x86_64.whl"
+    wheel.write_bytes(b"not the tested bytes")
+    monkeypatch.setenv("MOK_WHEEL", str(wheel))
+    monkeypatch.setenv("MOK_WHEEL_SHA256", "0" * 64)
+    with pytest.raises(SystemExit, match="MOK_WHEEL_SHA256 says 0000"):
+        main._wheel({})
+    monkeypatch.delenv("MOK_WHEEL")
+    with pytest.raises(SystemExit, match="no wheel to test"):
+        main._wheel({"--require-wheel": ""})
