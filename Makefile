@@ -37,11 +37,13 @@ repro: env
 
 # The aarch64 wheel (Grace hosts), cross-built here with the same nvcc and the pinned cross g++
 # (Debian: g++-12-aarch64-linux-gnu), linking the aarch64 CUDA runtime the lock pins; two clean
-# builds must match and auditwheel must accept the tag. Adds to dist/ and dist/SHA256SUMS.
+# builds must match and auditwheel must accept the tag; the modules' libraries must resolve under
+# qemu-aarch64 (Debian: qemu-user). Adds to dist/ and dist/SHA256SUMS.
 CROSS_CUDA_AARCH64 := $(abspath build/cross-cuda-aarch64)
 repro-aarch64: env
 	$(PY) tools/cross_cuda.py aarch64 $(CROSS_CUDA_AARCH64)
 	MOK_TARGET_CPU=aarch64 MOK_CUDA_TARGET_ROOT=$(CROSS_CUDA_AARCH64) $(PY) tools/repro_check.py
+	tools/qemu_check.sh dist/mok-*_aarch64.whl
 
 lint: env
 	$(VENV)/bin/ruff check .
