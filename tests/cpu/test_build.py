@@ -303,8 +303,7 @@ def test_wheel_carries_one_module_per_arch(built_wheel):
 
 def test_wheel_name_and_tag(built_wheel):
     python = f"cp{sys.version_info.major}{sys.version_info.minor}"
-    cpu = built_wheel.name.removesuffix(".whl").rsplit("_", 1)[1]
-    cpu = "x86_64" if cpu == "64" else cpu  # manylinux_2_34_x86_64 splits inside the CPU name
+    cpu = next(cpu for cpu in SPEC.host_cpus if built_wheel.name.endswith(f"_{cpu}.whl"))
     tag = SPEC.wheel_platforms[cpu]
     assert built_wheel.name == f"mok-{mok.__version__}-{python}-{python}-{tag}.whl"
 
