@@ -1,4 +1,6 @@
-"""Reference expert math on routed rows: grouped SwiGLU MLP forward and backward, BF16 and MXFP8.
+"""The experts stage: the grouped SwiGLU MLP forward and backward, BF16 and MXFP8, written once
+over a GEMM engine (ExpertEngine): the reference backend's masked fp32 products (MaskedGemms) and
+the CUDA backend's grouped GEMMs run the same math.
 
 Rows are grouped by local expert in 256-row padded segments (`row_expert[i]` is the local expert
 of row i, -1 past `num_tokens`); padding rows are zero, so they contribute exact zeros everywhere.
