@@ -88,15 +88,9 @@ def dispatch_mlp_swiglu_combine_bwd_bf16(
     buffer = ("d_x_routed_buffer", d_x_routed_buffer)
     check_pass(x, schedule, topk, swiglu_limit, routed, shared_weights, buffer, mxfp8=False,
                backward=True)  # fmt: skip
-    check_launch(
-        num_comm_sms,
-        macrobatch_size,
-        minibatch_size,
-        group_name,
-        x_ptrs=x_ptrs,
-        d_y_buffer_ptrs=d_y_buffer_ptrs,
-        d_x_routed_buffer_ptrs=d_x_routed_buffer_ptrs,
-    )
+    check_launch(num_comm_sms, macrobatch_size, minibatch_size, group_name, x_ptrs=x_ptrs,
+                 d_y_buffer_ptrs=d_y_buffer_ptrs,
+                 d_x_routed_buffer_ptrs=d_x_routed_buffer_ptrs)  # fmt: skip
     saved = (x_routed, gate_shared, gate_routed, up_shared, up_routed, hidden_shared,
              hidden_routed)  # fmt: skip
     _check_saved(saved, x, schedule, w_routed_gate, w_shared_gate, mxfp8=False)
@@ -174,15 +168,9 @@ def dispatch_mlp_swiglu_combine_bwd_mxfp8(
     buffer = ("d_x_routed_buffer", d_x_routed_buffer)
     check_pass(x, schedule, topk, swiglu_limit, routed, shared_weights, buffer, mxfp8=True,
                backward=True)  # fmt: skip
-    check_launch(
-        num_comm_sms,
-        macrobatch_size,
-        minibatch_size,
-        group_name,
-        x_ptrs=x_ptrs,
-        d_y_buffer_ptrs=d_y_buffer_ptrs,
-        d_x_routed_buffer_ptrs=d_x_routed_buffer_ptrs,
-    )
+    check_launch(num_comm_sms, macrobatch_size, minibatch_size, group_name, x_ptrs=x_ptrs,
+                 d_y_buffer_ptrs=d_y_buffer_ptrs,
+                 d_x_routed_buffer_ptrs=d_x_routed_buffer_ptrs)  # fmt: skip
     saved = (
         (x_fp8_t_routed, x_sc_t_routed),
         (gate_fp8_routed, gate_sc_routed),

@@ -102,26 +102,30 @@ def dispatch_mlp_swiglu_combine_fwd_bf16(
     schedule = (schedule_peer_rank, schedule_peer_token_idx, num_tokens, tokens_per_expert)
     routed = (w_routed_gate, w_routed_up, w_routed_down)
     shared_weights = (w_shared_gate, w_shared_up, w_shared_down)
-    buffer = ("combine_buffer", combine_buffer)
-    check_pass(x, schedule, topk, swiglu_limit, routed, shared_weights, buffer, mxfp8=False,
-               backward=False)  # fmt: skip
-    check_launch(
-        num_comm_sms,
-        macrobatch_size,
-        minibatch_size,
-        group_name,
-        x_ptrs=x_ptrs,
-        combine_buffer_ptrs=combine_buffer_ptrs,
-    )
-    shared = _shared(w_shared_gate, w_shared_up, w_shared_down)
-    buffers = {"x_buffer": x, "combine_buffer": combine_buffer}
-    engine = backends.for_device(x.device).op_engine(buffers, x_ptrs, topk, group_name)
-    saved, y, shared_out = passes.forward(
-        engine, x, shared, routed, MoKSchedule(*schedule), swiglu_limit, False
-    )
+    launch = (num_comm_sms, macrobatch_size, minibatch_size, group_name)
+    saved, y, shared_out = _forward((x, x_ptrs), (combine_buffer, combine_buffer_ptrs),
+                                    shared_weights, routed, schedule, topk, swiglu_limit, launch,
+                                    mxfp8=False)  # fmt: skip
     x_rows, gate, up, hidden = saved
     g_s, u_s, h_s, y_s = present(shared_out, x)
     return x_rows, g_s, gate, u_s, up, h_s, hidden, y_s, y
+
+
+def _forward(x_and_ptrs, combine_and_ptrs, shared_weights, routed, schedule, topk, swiglu_limit,
+             launch, *, mxfp8: bool):  # fmt: skip
+    """A forward op's body once its arguments are grouped: check them, pack them, run
+    mok.passes.forward on the engine of the workspace whose buffers they are."""
+    (x, x_ptrs), (combine_buffer, combine_buffer_ptrs) = x_and_ptrs, combine_and_ptrs
+    num_comm_sms, macrobatch_size, minibatch_size, group_name = launch
+    buffer = ("combine_buffer", combine_buffer)
+    check_pass(x, schedule, topk, swiglu_limit, routed, shared_weights, buffer, mxfp8=mxfp8,
+               backward=False)  # fmt: skip
+    check_launch(num_comm_sms, macrobatch_size, minibatch_size, group_name, x_ptrs=x_ptrs,
+                 combine_buffer_ptrs=combine_buffer_ptrs)  # fmt: skip
+    buffers = {"x_buffer": x, "combine_buffer": combine_buffer}
+    engine = backends.for_device(x.device).op_engine(buffers, x_ptrs, topk, group_name)
+    shared = _shared(*shared_weights)
+    return passes.forward(engine, x, shared, routed, MoKSchedule(*schedule), swiglu_limit, mxfp8)
 
 
 def _shared(gate, up, down):
@@ -207,23 +211,10 @@ def dispatch_mlp_swiglu_combine_fwd_mxfp8(
         (w_routed_down, w_routed_down_sc),
     )
     shared_weights = (w_shared_gate, w_shared_up, w_shared_down)
-    buffer = ("combine_buffer", combine_buffer)
-    check_pass(x, schedule, topk, swiglu_limit, routed, shared_weights, buffer, mxfp8=True,
-               backward=False)  # fmt: skip
-    check_launch(
-        num_comm_sms,
-        macrobatch_size,
-        minibatch_size,
-        group_name,
-        x_ptrs=x_ptrs,
-        combine_buffer_ptrs=combine_buffer_ptrs,
-    )
-    shared = _shared(w_shared_gate, w_shared_up, w_shared_down)
-    buffers = {"x_buffer": x, "combine_buffer": combine_buffer}
-    engine = backends.for_device(x.device).op_engine(buffers, x_ptrs, topk, group_name)
-    saved, y, shared_out = passes.forward(
-        engine, x, shared, routed, MoKSchedule(*schedule), swiglu_limit, True
-    )
+    launch = (num_comm_sms, macrobatch_size, minibatch_size, group_name)
+    saved, y, shared_out = _forward((x, x_ptrs), (combine_buffer, combine_buffer_ptrs),
+                                    shared_weights, routed, schedule, topk, swiglu_limit, launch,
+                                    mxfp8=True)  # fmt: skip
     (x_t, x_t_sc), (gate, gate_sc), (up, up_sc), (hidden_t, hidden_t_sc) = saved
     g_s, u_s, h_s, y_s = present(shared_out, x)
     return (x_t, x_t_sc, g_s, gate, gate_sc, u_s, up, up_sc, h_s, hidden_t, hidden_t_sc, y_s, y)
