@@ -6,7 +6,6 @@ dist/mok-*.whl, else build one (about 20 s on 2 cores).
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import platform
 import re
@@ -25,6 +24,7 @@ sys.path.insert(0, str(REPO / "tools" / "build"))
 
 from mok_build import archive, spec, toolchain  # noqa: E402
 from mok_build import compile as compile_steps  # noqa: E402
+from tool_loading import load_tool, needs  # noqa: E402
 
 SPEC = spec.load_extension_spec(REPO)
 TOOLCHAIN_PACKAGES = (
@@ -318,22 +318,9 @@ def test_wheel_record_matches_its_members(built_wheel):
     assert len(record.splitlines()) - 1 == len(members)
 
 
-def _load_tool(name: str):
-    module_spec = importlib.util.spec_from_file_location(name, REPO / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    return module
-
-
-def _needs(module: str):
-    return pytest.mark.skipif(
-        importlib.util.find_spec(module) is None, reason=f"{module} is not installed (make env)"
-    )
-
-
-@_needs("auditwheel")
+@needs("auditwheel")
 def test_auditwheel_accepts_the_wheel_tag(built_wheel):
-    check_wheel = _load_tool("check_wheel")
+    check_wheel = load_tool("check_wheel")
     report = check_wheel.audit(built_wheel)
     print(f"auditwheel: {built_wheel.name} is consistent with {report['overall_tag']}")
     assert check_wheel.problems(built_wheel, report) == []
@@ -350,7 +337,7 @@ def test_auditwheel_accepts_the_wheel_tag(built_wheel):
     ids=["honest", "stricter", "older-than-needed", "wrong-cpu"],
 )
 def test_wheel_tag_judged_by_auditwheel_report(name, overall, expected):
-    found = _load_tool("check_wheel").problems(Path(name), {"overall_tag": overall})
+    found = load_tool("check_wheel").problems(Path(name), {"overall_tag": overall})
     assert (found == []) if expected is None else expected in " ".join(found)
 
 
@@ -399,51 +386,3 @@ def test_installed_module_reports_its_build(arch):
     assert info["arch"] == arch and info["archs"] == (arch,)
     assert info["nvcc_version"] == SPEC.cuda_version
     assert info["version"] == mok.__version__
-
-
-# --- choosing a module ---------------------------------------------------------------------
-
-
-def test_unknown_capability_names_it_and_the_carried_archs(monkeypatch):
-    monkeypatch.setattr(_extension, "installed_archs", lambda: ("sm_90a",))
-    with pytest.raises(
-        NotImplementedError, match=r"compute capability 8\.0 \(A100\).*carries: sm_90a"
-    ):
-        _extension.module_for_capability((8, 0), "A100")
-
-
-def test_missing_module_for_a_known_capability(monkeypatch):
-    monkeypatch.setattr(_extension, "installed_archs", lambda: ())
-    with pytest.raises(NotImplementedError, match=r"10\.3.*sm_103a.*carries: none"):
-        _extension.module_for_capability((10, 3))
-
-
-def test_predicates_are_false_without_a_gpu(monkeypatch):
-    monkeypatch.setattr(_extension.torch.cuda, "is_available", lambda: False)
-    assert not _extension.is_sm90a_supported()
-    assert not _extension.is_sm100a_supported()
-    assert not _extension.is_sm103a_supported()
-
-
-# --- the reproducibility tool --------------------------------------------------------------
-
-
-def _tiny_library(tmp_path: Path, text: str) -> bytes:
-    source = tmp_path / f"{text}.c"
-    source.write_text(f'const char *mok_marker = "{text}";\n')
-    output = tmp_path / f"{text}.so"
-    subprocess.run(["cc", "-shared", "-fPIC", "-o", output, source], check=True)
-    return output.read_bytes()
-
-
-@_needs("diffoscope")
-def test_repro_check_explains_a_mismatch_with_diffoscope(tmp_path):
-    """Two wheels whose module differs in one string: diffoscope names the member that differs."""
-    so_name = "mok/_C_sm90a.cpython-312-x86_64-linux-gnu.so"
-    for index, text in enumerate(("first", "other")):
-        with zipfile.ZipFile(tmp_path / f"{index}.whl", "w") as wheel:
-            wheel.writestr(so_name, _tiny_library(tmp_path, text))
-            wheel.writestr("mok/x.py", b"x")
-    report = "\n".join(_load_tool("repro_check").explain(tmp_path / "0.whl", tmp_path / "1.whl"))
-    assert so_name in report  # the member; how deep diffoscope goes depends on the tools it finds
-    assert "mok/x.py" not in report

@@ -59,3 +59,24 @@ def test_the_modules_are_looked_for_in_the_mok_package():
     import mok
 
     assert Path(mok.__file__).resolve().parent == extension._PACKAGE_DIR
+
+
+def test_unknown_capability_names_it_and_the_carried_archs(monkeypatch):
+    monkeypatch.setattr(extension, "installed_archs", lambda: ("sm_90a",))
+    with pytest.raises(
+        NotImplementedError, match=r"compute capability 8\.0 \(A100\).*carries: sm_90a"
+    ):
+        extension.module_for_capability((8, 0), "A100")
+
+
+def test_missing_module_for_a_known_capability(monkeypatch):
+    monkeypatch.setattr(extension, "installed_archs", lambda: ())
+    with pytest.raises(NotImplementedError, match=r"10\.3.*sm_103a.*carries: none"):
+        extension.module_for_capability((10, 3))
+
+
+def test_predicates_are_false_without_a_gpu(monkeypatch):
+    monkeypatch.setattr(extension.torch.cuda, "is_available", lambda: False)
+    assert not extension.is_sm90a_supported()
+    assert not extension.is_sm100a_supported()
+    assert not extension.is_sm103a_supported()
