@@ -93,3 +93,11 @@ def swiglu_epilogue() -> bool:
 def mxfp8_f16_rows() -> bool:
     """MOK_MXFP8_F16=1 (experimental): the MXFP8 gate/up GEMM reads f16 rows rebased per row."""
     return _switch("MOK_MXFP8_F16")
+
+
+def check_all() -> None:
+    """Parse every variable now (workspace creation does, on every backend), so a bad value is
+    an error even where the pass that reads it never runs (e.g. MOK_COMM_TIMEOUT_S off CUDA)."""
+    for parse in (backend, grouped_gemm, comm_timeout_ns, overlap_ctas, debug, swiglu_epilogue,
+                  mxfp8_f16_rows):  # fmt: skip
+        parse()

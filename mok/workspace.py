@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from mok import settings
 from mok._arguments import check_multiple, check_range, check_type, describe
 from mok.config import MoKConfig
 
@@ -123,8 +124,10 @@ def validate_workspace_args(
     hidden_size: int,
     topk: int,
 ) -> tuple[dist.ProcessGroup, torch.device]:
-    """Check the arguments of create_workspace/get_workspace; return the group and device."""
+    """Check the arguments of create_workspace/get_workspace (and every MOK_* variable); return
+    the group and device."""
     check_type("config", config, MoKConfig)
+    settings.check_all()
     _require_initialized()
     group = dist.group.WORLD if group is None else group
     if not isinstance(group, dist.ProcessGroup):

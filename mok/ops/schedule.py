@@ -6,7 +6,7 @@ import torch
 from torch.library import custom_op
 
 from mok import backends
-from mok._arguments import check_multiple, check_tensor
+from mok._arguments import check_multiple, check_range, check_tensor
 
 
 def schedule(
@@ -32,7 +32,7 @@ def schedule(
     leave out a tensor they write.
     """
     if status is None:
-        _check_schedule_args(topk_all, num_local_experts, schedule_capacity)
+        _check_schedule_args(topk_all, num_local_experts, schedule_capacity, rank)
         worst = schedule_worst_case_rows(topk_all.numel(), num_local_experts)
         if schedule_capacity < worst:
             raise ValueError(
@@ -54,10 +54,12 @@ def schedule_worst_case_rows(routes: int, num_local_experts: int) -> int:
     return padded // 256 * 256
 
 
-def _check_schedule_args(topk_all, num_local_experts: int, schedule_capacity: int) -> None:
+def _check_schedule_args(topk_all, num_local_experts: int, schedule_capacity: int, rank) -> None:
     check_tensor(
         "topk_all", topk_all, dtype=torch.int32, shape=(None, None, None), dims=("EP", "T", "k")
     )
+    # A rank outside the group would schedule no real route and every invalid one as a row.
+    check_range("rank", rank, 0, topk_all.shape[0] - 1)
     if schedule_capacity <= 0 or schedule_capacity % 256:
         raise ValueError(
             f"`schedule_capacity` must be a positive multiple of 256, got {schedule_capacity}"
@@ -74,7 +76,7 @@ def schedule_op(
     status: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """`schedule` with its status word (int32 [1]) given."""
-    _check_schedule_args(topk_all, num_local_experts, schedule_capacity)
+    _check_schedule_args(topk_all, num_local_experts, schedule_capacity, rank)
     backend = backends.for_device(topk_all.device)
     return backend.schedule(topk_all, num_local_experts, schedule_capacity, rank, status)
 

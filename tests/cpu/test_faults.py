@@ -142,3 +142,23 @@ def test_an_epilogue_of_no_routes_per_token_is_refused():
         ValueError, match=r"`k \(topk_weights.shape\[1\]\)` must be in \[1, 255\], got 0"
     ):
         ops.fwd_epilogue(None, torch.zeros(8, 128, dtype=torch.bfloat16), torch.zeros(4, 0))
+
+
+@pytest.mark.parametrize("rank", [-1, 2], ids=["negative", "past-the-group"])
+def test_a_schedule_for_a_rank_outside_the_group_is_refused(rank):
+    """Rank -1 once scheduled every invalid route as a real row."""
+    topk_all = torch.zeros(2, 4, 2, dtype=torch.int32)
+    with pytest.raises(ValueError, match=rf"`rank` must be in \[0, 1\], got {rank}"):
+        ops.schedule(topk_all, 2, 4096, rank, torch.zeros(1, dtype=torch.int32))
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"), [("MOK_COMM_TIMEOUT_S", "soon"), ("MOK_GROUPED_GEMM", "cublas")]
+)
+def test_a_bad_setting_is_an_error_on_every_backend(single_rank_group, monkeypatch, variable,
+                                                    value):  # fmt: skip
+    """Off CUDA these were never read, so a bad value passed silently."""
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ValueError, match=variable):
+        F.create_workspace(F.MoKConfig(), single_rank_group, device="cpu",
+                           num_local_tokens=TOKENS, hidden_size=HIDDEN, topk=TOPK)  # fmt: skip

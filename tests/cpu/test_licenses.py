@@ -80,6 +80,7 @@ def test_license_files_patterns_are_globs(tmp_path):
 
 class _Toolchain:
     python_tag = "cp312"
+    target_cpu = "x86_64"  # the wheel's platform tag is chosen by it
 
 
 class _Progress:
