@@ -154,6 +154,7 @@ def build_schedule(
     rows = ws.schedule_rows(num_local_experts)
     gathered = _all_gather(ws, config, routing)
     result = schedule(gathered, num_local_experts, rows, ws.ep_rank, ws.status)
+    _combine_status(ws)
     if settings.debug():
         device_status.check(ws.status)
     return MoKSchedule(*result, routes=routing, routes_complete=_keeps_every_route(ws))
@@ -172,13 +173,20 @@ def _all_gather(ws: MoKWorkspace, config: MoKConfig, routing: torch.Tensor) -> t
     out."""
     if ws.ep_size == 1:
         return routing.unsqueeze(0)
+    if not torch.compiler.is_compiling():
+        return backends.for_device(ws.device).gather_routing(ws, routing)
     buffer = ws.all_gather_top_experts_buffer
-    if torch.compiler.is_compiling():
-        chunk = config.all_gather_top_experts_chunk_bytes
-        ops.all_gather_top_experts(routing, buffer, 0, ws.ep_rank, chunk, ws.group_name)
-    else:
-        backends.for_device(ws.device).all_gather_top_experts(routing, buffer, ws.group_name)
+    chunk = config.all_gather_top_experts_chunk_bytes
+    ops.all_gather_top_experts(routing, buffer, 0, ws.ep_rank, chunk, ws.group_name)
     return buffer
+
+
+def _combine_status(ws: MoKWorkspace) -> None:
+    """Every rank gets every rank's schedule-time problems (invalid ids, capacity overflow), so
+    check_status gives all ranks one verdict. Eager only: under torch.compile each rank keeps
+    its own (the flat ops have no status exchange)."""
+    if ws.ep_size > 1 and not torch.compiler.is_compiling():
+        backends.for_device(ws.device).combine_status(ws)
 
 
 def _eager_backend_or(op, name: str, device: torch.device):

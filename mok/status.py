@@ -39,6 +39,14 @@ def record(status: torch.Tensor, bit: int, condition: torch.Tensor) -> None:
     status.bitwise_or_(condition.any().to(torch.int32) * bit)
 
 
+def combine(status: torch.Tensor, gathered: torch.Tensor) -> None:
+    """OR every rank's status word (`gathered`, int32 [EP]) into `status` (no sync), so that all
+    ranks of a group reach the same verdict for a step."""
+    bits = torch.arange(31, device=status.device, dtype=torch.int32)
+    present = ((gathered.view(-1, 1) >> bits) & 1).amax(0)
+    status.bitwise_or_((present << bits).sum().to(torch.int32))
+
+
 def raise_for(value: int) -> None:
     """Raise MoKDeviceError listing the problems in a status value (no-op for 0)."""
     if value == 0:

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from mok import settings
 from mok._arguments import check_multiple, check_range, check_type, describe
 from mok.config import MoKConfig
+from mok.host_group import HostGroup
 
 MAX_EP_SIZE = 72
 MAX_TOPK = 255
@@ -30,6 +31,8 @@ _SYMMETRIC_BUFFERS = {
     "d_router_weight_buffer": (torch.float32, lambda ep, t, h, k: (t, k)),
     "all_gather_top_experts_buffer": (torch.int32, lambda ep, t, h, k: (ep, t, k)),
     "barrier_buffer": (torch.int32, lambda ep, t, h, k: (ep,)),
+    # mok: every rank's status word, so all ranks reach one verdict per step (mok.status.combine)
+    "status_gather_buffer": (torch.int32, lambda ep, t, h, k: (ep,)),
 }
 
 
@@ -82,6 +85,14 @@ class MoKWorkspace:
     # mok: `<name>_ptrs` of every symmetric buffer as an int64 [EP] device tensor, built once at
     # creation so CUDA kernels index peers on the device (empty off CUDA).
     peer_ptr_tables: dict[str, torch.Tensor] = field(default_factory=dict)
+    # mok: where every rank's status word is gathered; None in a workspace built with the
+    # original's fields alone, whose ranks then keep their own verdicts.
+    status_gather_buffer: torch.Tensor | None = None
+    status_gather_buffer_handle: object = None
+    status_gather_buffer_ptrs: list[int] = field(default_factory=list)
+    # mok: the host side of a group whose ranks are threads of one process (mok.testing);
+    # None for a torch.distributed group.
+    host_group: HostGroup | None = None
 
     def __post_init__(self) -> None:
         if self.status is None:  # built with the original's fields alone
@@ -133,15 +144,25 @@ def validate_workspace_args(
     if not isinstance(group, dist.ProcessGroup):
         raise TypeError(f"`group` must be a torch.distributed ProcessGroup, got {describe(group)}")
     check_range("ep_size (the group's size)", dist.get_world_size(group), 1, MAX_EP_SIZE)
+    device = workspace_device(config, device)
+    check_sizes(num_local_tokens, hidden_size, topk)
+    return group, device
+
+
+def workspace_device(config: MoKConfig, device) -> torch.device:
+    """`device` as a torch.device with its index, checked against the config (its SM count)."""
     device = as_device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     if device.type == "cuda":
         config.check_device(torch.cuda.get_device_properties(device).multi_processor_count)
+    return device
+
+
+def check_sizes(num_local_tokens: int, hidden_size: int, topk: int) -> None:
     check_multiple("num_local_tokens", num_local_tokens, 1)
     check_multiple("hidden_size", hidden_size, 128)
     check_range("topk", topk, 1, MAX_TOPK)
-    return group, device
 
 
 def _allocate(name: str, shape: tuple[int, ...], dtype: torch.dtype, device, group, ep_size):
@@ -222,17 +243,26 @@ def create_workspace(
 
 def _create(config: MoKConfig, group, device: torch.device, sizes: tuple[int, int, int]):
     """Allocate and register a workspace from validated arguments."""
-    num_local_tokens, hidden_size, topk = sizes
     _check_same_sizes(group, device, sizes)
     ep_size = dist.get_world_size(group)
     buffers: dict[str, object] = {}
-    for name, (dtype, shape_of) in _SYMMETRIC_BUFFERS.items():
-        shape = shape_of(ep_size, *sizes)
+    for name, dtype, shape in symmetric_buffers(ep_size, sizes):
         tensor, handle, ptrs = _allocate(name, shape, dtype, device, group, ep_size)
         buffers.update({name: tensor, f"{name}_handle": handle, f"{name}_ptrs": ptrs})
-    workspace = MoKWorkspace(
-        group_name=group.group_name,
-        ep_rank=dist.get_rank(group),
+    rank = (group.group_name, dist.get_rank(group), ep_size)
+    tables = _peer_tables(buffers, group, device)
+    workspace = assemble(config, rank, device, sizes, buffers, tables)
+    return _register(workspace) if device.type == "cuda" else workspace
+
+
+def assemble(config, rank, device, sizes, buffers, peer_ptr_tables, host_group=None):
+    """A MoKWorkspace from allocated buffers (`<name>`, `<name>_handle`, `<name>_ptrs` for every
+    cross-rank buffer); `rank` is (group name, rank, group size), `sizes` (T, H, k)."""
+    group_name, ep_rank, ep_size = rank
+    num_local_tokens, hidden_size, topk = sizes
+    return MoKWorkspace(
+        group_name=group_name,
+        ep_rank=ep_rank,
         ep_size=ep_size,
         device=device,
         num_local_tokens=num_local_tokens,
@@ -242,10 +272,16 @@ def _create(config: MoKConfig, group, device: torch.device, sizes: tuple[int, in
         barrier_target=torch.zeros(1, dtype=torch.int32, device=device),
         status=torch.zeros(1, dtype=torch.int32, device=device),
         capacity_multiplier=config.schedule_capacity_multiplier,
-        peer_ptr_tables=_peer_tables(buffers, group, device),
+        peer_ptr_tables=peer_ptr_tables,
+        host_group=host_group,
         **buffers,
     )
-    return _register(workspace) if device.type == "cuda" else workspace
+
+
+def symmetric_buffers(ep_size: int, sizes: tuple[int, int, int]):
+    """(name, dtype, shape) of every cross-rank buffer of a group of `ep_size` ranks."""
+    for name, (dtype, shape_of) in _SYMMETRIC_BUFFERS.items():
+        yield name, dtype, shape_of(ep_size, *sizes)
 
 
 # The compatibility edge's one lookup. The original's flat ops name their workspace only

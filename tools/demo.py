@@ -1,8 +1,10 @@
 """The main job: one EP=2 MoE step (schedule, forward, backward) through the best backend here,
 checked against a dense float64 formulation, with a one-screen summary.
 
-Run: `make demo` (or `python tools/demo.py [--ep N] [--mxfp8]`). Spawns one process per rank:
-gloo on CPU, NCCL when there is a CUDA GPU per rank.
+Run: `make demo` (or `python tools/demo.py [--ep N] [--mxfp8]`). With a CUDA GPU per rank, one
+process per rank over NCCL; with fewer GPUs (one, say), all N ranks on GPU 0 as threads of this
+process (mok.testing.OneDeviceGroup: the same kernels, HBM standing in for NVLink); without a GPU,
+one process per rank over gloo on the reference backend.
 """
 
 from __future__ import annotations
@@ -55,22 +57,21 @@ def make_inputs(rank: int, ep: int, device):
     return [t.to(device) for t in (x, rw, top, grad)], routed, shared
 
 
-def run_rank(rank: int, ep: int, rendezvous: str, mxfp8: bool, results) -> None:
-    cuda = torch.cuda.device_count() >= ep
-    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    dist.init_process_group(
-        "nccl" if cuda else "gloo", init_method=rendezvous, rank=rank, world_size=ep
-    )
+def _config():
+    from mok.config import MoKConfig
+
+    return MoKConfig(fwd_num_comm_sms=8, bwd_num_comm_sms=8, schedule_capacity_multiplier=1.0)
+
+
+def rank_step(rank: int, ep: int, ws, mxfp8: bool) -> dict:
+    """One rank's step on its workspace, and its errors against the dense formulation."""
     from mok import functional as F
     from mok import ops
 
+    device, config = ws.device, _config()
     (x, rw, top, grad), routed, shared = make_inputs(rank, ep, device)
     mine = slice(rank * E_LOCAL, (rank + 1) * E_LOCAL)
     local = [w[mine].contiguous().to(device) for w in routed]
-    config = F.MoKConfig(fwd_num_comm_sms=8, bwd_num_comm_sms=8, schedule_capacity_multiplier=1.0)
-    ws = F.get_workspace(config, None, device=device, num_local_tokens=T, hidden_size=H, topk=K)
     fwd_w, bwd_w = local, local
     if mxfp8:
         forms = [ops.mxfp8_quantize(w, True, True) for w in local]
@@ -87,13 +88,48 @@ def run_rank(rank: int, ep: int, rendezvous: str, mxfp8: bool, results) -> None:
     elapsed = time.perf_counter() - start
     ref_out, per_route = dense_reference(x.cpu(), rw.cpu(), top.cpu(), routed, shared)
     ref_drw = (grad.cpu().double()[:, None, :] * per_route).sum(-1)
-    results[rank] = {
+    return {
         "device": str(device),
         "out": _errors(out.cpu(), ref_out),
         "d_router_weights": _errors(grads[1].cpu(), ref_drw),
         "seconds": elapsed,
     }
+
+
+def run_rank(rank: int, ep: int, rendezvous: str, mxfp8: bool, results) -> None:
+    """One process of the group (a GPU per rank, or the CPU)."""
+    cuda = torch.cuda.device_count() >= ep
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group(
+        "nccl" if cuda else "gloo", init_method=rendezvous, rank=rank, world_size=ep
+    )
+    from mok import functional as F
+
+    ws = F.get_workspace(_config(), None, device=device, num_local_tokens=T, hidden_size=H, topk=K)
+    results[rank] = rank_step(rank, ep, ws, mxfp8)
     dist.destroy_process_group()
+
+
+def run_on_one_gpu(ep: int, mxfp8: bool) -> list[dict]:
+    """All ranks on GPU 0, as threads of this process."""
+    from mok.testing import OneDeviceGroup
+
+    group = OneDeviceGroup(ep, _config(), device="cuda:0", num_local_tokens=T, hidden_size=H,
+                           topk=K)  # fmt: skip
+    return group.run(lambda rank, ws: rank_step(rank, ep, ws, mxfp8))
+
+
+def run_processes(ep: int, mxfp8: bool) -> list[dict]:
+    """One process per rank: NCCL with a GPU each, else gloo on the CPU."""
+    results = mp.Manager().dict()
+    # A file rendezvous: a port picked here and bound later by the ranks' store could be taken
+    # in between (a runbook's demo once failed with EADDRINUSE that way).
+    with tempfile.TemporaryDirectory() as tmp:
+        rendezvous = f"file://{tmp}/rendezvous"
+        mp.spawn(run_rank, args=(ep, rendezvous, mxfp8, results), nprocs=ep)
+    return [results[rank] for rank in range(ep)]
 
 
 def _errors(got: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
@@ -111,16 +147,18 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= args.ep <= MAX_EP_SIZE:  # 0 ranks would "pass" having checked nothing
         parser.error(f"--ep must be in [1, {MAX_EP_SIZE}], got {args.ep}")
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    results = mp.Manager().dict()
-    # A file rendezvous: a port picked here and bound later by the ranks' store could be taken
-    # in between (a runbook's demo once failed with EADDRINUSE that way).
-    with tempfile.TemporaryDirectory() as tmp:
-        rendezvous = f"file://{tmp}/rendezvous"
-        mp.spawn(run_rank, args=(args.ep, rendezvous, args.mxfp8, results), nprocs=args.ep)
+    gpus = torch.cuda.device_count()
+    one_gpu = 0 < gpus < args.ep
+    results = (run_on_one_gpu if one_gpu else run_processes)(args.ep, args.mxfp8)
     mode = "MXFP8" if args.mxfp8 else "BF16"
+    where = (
+        f"{args.ep} ranks on one GPU ({torch.cuda.get_device_name(0)})"
+        if one_gpu
+        else (f"{args.ep} processes" + (", a GPU each" if gpus else " on the CPU"))
+    )
     print(
-        f"mok demo: EP={args.ep}, T={T} tokens/rank, H={H}, I={I}, {E_LOCAL} experts/rank, "
-        f"top-{K}, {mode}, shared expert, swiglu_limit={LIMIT}"
+        f"mok demo: EP={args.ep} ({where}), T={T} tokens/rank, H={H}, I={I}, {E_LOCAL} "
+        f"experts/rank, top-{K}, {mode}, shared expert, swiglu_limit={LIMIT}"
     )
     print(
         f"{'rank':>4} {'device':>8} {'out max|d|':>11} {'out rel':>9} {'drw max|d|':>11} "

@@ -35,6 +35,7 @@ from __future__ import annotations
 import torch
 
 from mok import settings
+from mok import status as device_status
 from mok.backends.cuda import extension as _extension
 from mok.workspace import MoKWorkspace
 
@@ -111,6 +112,13 @@ def barrier(ws: MoKWorkspace) -> None:
     """Device-side barrier over the workspace's group (no-op at EP=1)."""
     if ws.ep_size == 1:
         return
+    if ws.host_group is not None:  # ranks that are threads of one process launch in step
+        ws.host_group.lockstep(lambda: _launch_barrier(ws))
+    else:
+        _launch_barrier(ws)
+
+
+def _launch_barrier(ws: MoKWorkspace) -> None:
     _run(
         ws,
         "comm_barrier",
@@ -157,6 +165,27 @@ def all_gather_top_experts(
     )
     barrier(ws)
     return ws.all_gather_top_experts_buffer
+
+
+def combine_status(ws: MoKWorkspace) -> None:
+    """OR every rank's status word into each rank's (mok.status.combine): this rank's word goes
+    into slot `rank` of every peer's `status_gather_buffer`, then one barrier. No barrier is
+    needed before the stores: a peer read its slots of the previous step before the routing
+    all-gather's barriers, which every rank passes before it gets here again. Nothing at EP 1,
+    nor in a workspace built with the original's fields alone (no gather buffer)."""
+    if ws.ep_size == 1 or ws.status_gather_buffer is None:
+        return
+    _run(
+        ws,
+        "comm_all_gather",
+        src=ws.status.data_ptr(),
+        dst_table=ws.peer_ptr_tables["status_gather_buffer"].data_ptr(),
+        bytes=ws.status.nbytes,
+        rank=ws.ep_rank,
+        ep=ws.ep_size,
+    )
+    barrier(ws)
+    device_status.combine(ws.status, ws.status_gather_buffer)
 
 
 def _pull(ws, name, source, schedule, out, divisor, sync, num_ctas, zero_rest):

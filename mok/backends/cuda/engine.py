@@ -25,9 +25,14 @@ from mok.workspace import MoKWorkspace, same_layout
 _COMM_STREAMS: dict[int, torch.cuda.Stream] = {}
 
 
-def _comm_stream(device: torch.device) -> torch.cuda.Stream:
+def _comm_stream(ws: MoKWorkspace) -> torch.cuda.Stream:
     """One high-priority stream per device for background exchanges: the SM scheduler gives its
-    CTAs the next free SMs before more GEMM tiles, so the exchange starts as soon as it may."""
+    CTAs the next free SMs before more GEMM tiles, so the exchange starts as soon as it may.
+    Ranks that share a device in one process have one each (a rank's barrier on a stream
+    shared with another rank would wait behind it)."""
+    if ws.host_group is not None:
+        return ws.host_group.comm_streams[ws.ep_rank]
+    device = ws.device
     index = device.index if device.index is not None else torch.cuda.current_device()
     if index not in _COMM_STREAMS:
         highest = torch.cuda.Stream.priority_range()[1]
@@ -93,7 +98,7 @@ class CudaEngine:
             yield None
             return
         current = torch.cuda.current_stream(self.ws.device)
-        comm = _comm_stream(self.ws.device)
+        comm = _comm_stream(self.ws)
         if self._waiting is None:
             self._waiting = current
         comm.wait_stream(current)
@@ -106,7 +111,7 @@ class CudaEngine:
 
     def join(self) -> None:
         if self._waiting is not None:
-            self._waiting.wait_stream(_comm_stream(self.ws.device))
+            self._waiting.wait_stream(_comm_stream(self.ws))
             self._waiting = None
 
     @staticmethod

@@ -54,5 +54,13 @@ def all_gather_top_experts(top_experts, buffer, group_name: str) -> None:
         buffer.copy_(gathered)
 
 
+def gather_routing(workspace: MoKWorkspace, routing: torch.Tensor) -> torch.Tensor:
+    """Every rank's routing into the workspace's all-gather buffer (int32 [EP, T, k])."""
+    return comm.all_gather_top_experts(workspace, routing)
+
+
+combine_status = comm.combine_status
+
+
 def barrier(barrier_buffer, barrier_buffer_ptrs, target, group_name: str) -> None:
     comm.barrier(_workspace(group_name, "barrier_buffer", barrier_buffer, barrier_buffer_ptrs))

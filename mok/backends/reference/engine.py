@@ -7,6 +7,13 @@ import torch
 from mok import experts
 from mok.backends.reference import exchange
 
+
+def group_of(workspace):
+    """The exchanges' name for the workspace's group: its host group if its ranks are threads of
+    one process, else its torch.distributed group's name."""
+    return workspace.host_group or workspace.group_name
+
+
 # The workspace buffers the passes read and write.
 PASS_BUFFERS = ("x_buffer", "d_y_buffer", "router_weight_buffer", "combine_buffer",
                 "d_x_routed_buffer", "d_router_weight_buffer")  # fmt: skip
@@ -17,22 +24,22 @@ class ReferenceEngine:
 
     `buffers` maps the workspace buffer names the passes use (x_buffer, d_y_buffer,
     router_weight_buffer, combine_buffer, d_x_routed_buffer, d_router_weight_buffer) to this
-    rank's tensors; `group_name` names the EP group.
+    rank's tensors; `group` names the EP group (mok.backends.reference.exchange).
     """
 
-    def __init__(self, buffers: dict[str, torch.Tensor], topk: int, group_name: str):
-        self.buffers, self.topk, self.group_name = buffers, topk, group_name
+    def __init__(self, buffers: dict[str, torch.Tensor], topk: int, group):
+        self.buffers, self.topk, self.group = buffers, topk, group
 
     @classmethod
     def of_workspace(cls, workspace) -> ReferenceEngine:
         buffers = {name: getattr(workspace, name) for name in PASS_BUFFERS}
-        return cls(buffers, workspace.topk, workspace.group_name)
+        return cls(buffers, workspace.topk, group_of(workspace))
 
     # The collectives complete in call order and synchronise themselves, so `background` and
     # `sync` change nothing here.
     def pull(self, name: str, schedule, background=False, *, sync=(True, True)) -> torch.Tensor:
         source = self.buffers[name]
-        return exchange.pull_rows(source, schedule[0], schedule[1], self.topk, self.group_name)
+        return exchange.pull_rows(source, schedule[0], schedule[1], self.topk, self.group)
 
     def pull_rounded(self, name: str, schedule, gemm, background=False, *, sync=(True, True)):
         rounded = gemm.mx_round_both(self.pull(name, schedule))
@@ -46,13 +53,13 @@ class ReferenceEngine:
 
     def pull_router_weights(self, schedule, background=False, *, sync=(True, True)):
         weights = self.buffers["router_weight_buffer"]
-        return exchange.pull_router_weights(weights, schedule[0], schedule[1], self.group_name)
+        return exchange.pull_router_weights(weights, schedule[0], schedule[1], self.group)
 
     def push_all(self, pushes, schedule, background: bool = False) -> None:
         for rows, name in pushes:
             destination = self.buffers[name].view(-1, *rows.shape[1:])
             exchange.push_rows(rows, schedule.peer_rank, schedule.peer_token_idx, destination,
-                               self.group_name)  # fmt: skip
+                               self.group)  # fmt: skip
 
     @staticmethod
     def join() -> None:

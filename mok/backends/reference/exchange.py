@@ -2,12 +2,17 @@
 of the CUDA kernels' peer loads and stores: pull-dispatch of token rows into the schedule order,
 push-combine of expert rows into the source rank's `combine_buffer[token * topk + k]`. Tensors
 cross ranks as raw bytes, so any dtype works on any backend.
+
+`group` names the EP group: a torch.distributed group's name ("" for the default group), or the
+mok.host_group.HostGroup of a group whose ranks are threads of one process (mok.testing).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+
+from mok.host_group import HostGroup
 
 
 def resolve_group(group_name: str) -> dist.ProcessGroup:
@@ -16,17 +21,26 @@ def resolve_group(group_name: str) -> dist.ProcessGroup:
     return dist.distributed_c10d._resolve_process_group(group_name)
 
 
-def all_gather(tensor: torch.Tensor, group_name: str) -> torch.Tensor:
+def rank_in(group: str | HostGroup) -> int:
+    """The calling rank's index in `group`."""
+    if isinstance(group, HostGroup):
+        return group.rank
+    return dist.get_rank(resolve_group(group))
+
+
+def all_gather(tensor: torch.Tensor, group: str | HostGroup) -> torch.Tensor:
     """[EP, *tensor.shape]: every rank's tensor, in rank order."""
-    group = resolve_group(group_name)
+    if isinstance(group, HostGroup):
+        return group.all_gather(tensor)
+    group = resolve_group(group)
     raw = tensor.contiguous().view(torch.uint8)
     parts = [torch.empty_like(raw) for _ in range(dist.get_world_size(group))]
     dist.all_gather(parts, raw, group=group)
     return torch.stack(parts).view(tensor.dtype)
 
 
-def all_gather_top_experts(top_experts: torch.Tensor, buffer: torch.Tensor, group_name: str):
-    gathered = all_gather(top_experts, group_name)
+def all_gather_top_experts(top_experts: torch.Tensor, buffer: torch.Tensor, group):
+    gathered = all_gather(top_experts, group)
     # Checked after the collective, which every rank joins, so a bad buffer cannot hang a peer;
     # copy_ would broadcast one rank's routing over a buffer sized for more ranks.
     if gathered.shape != buffer.shape:
@@ -38,9 +52,9 @@ def all_gather_top_experts(top_experts: torch.Tensor, buffer: torch.Tensor, grou
     buffer.copy_(gathered)
 
 
-def pull_rows(source: torch.Tensor, peer_rank, peer_token_idx, topk: int, group_name: str):
+def pull_rows(source: torch.Tensor, peer_rank, peer_token_idx, topk: int, group):
     """Dispatch: row i = source[peer_rank[i]][peer_token_idx[i] // topk]; zero on padding rows."""
-    everyone = all_gather(source, group_name)
+    everyone = all_gather(source, group)
     rank = peer_rank.to(torch.int64).clamp(min=0)
     token = peer_token_idx.to(torch.int64).clamp(min=0) // topk
     rows = everyone[rank, token]
@@ -48,25 +62,24 @@ def pull_rows(source: torch.Tensor, peer_rank, peer_token_idx, topk: int, group_
     return torch.where(pad, torch.zeros((), dtype=rows.dtype, device=rows.device), rows)
 
 
-def pull_router_weights(weights: torch.Tensor, peer_rank, peer_token_idx, group_name: str):
+def pull_router_weights(weights: torch.Tensor, peer_rank, peer_token_idx, group):
     """Reverse-combine helper: the fp32 router weight of each schedule row (0 on padding)."""
-    everyone = all_gather(weights.reshape(-1), group_name)
+    everyone = all_gather(weights.reshape(-1), group)
     rank = peer_rank.to(torch.int64).clamp(min=0)
     flat = peer_token_idx.to(torch.int64).clamp(min=0)
     return torch.where(peer_rank >= 0, everyone[rank, flat], 0.0)
 
 
-def push_rows(rows: torch.Tensor, peer_rank, peer_token_idx, destination: torch.Tensor, group_name):
+def push_rows(rows: torch.Tensor, peer_rank, peer_token_idx, destination: torch.Tensor, group):
     """Combine: row i goes to `destination[peer_token_idx[i]]` on rank `peer_rank[i]`.
 
     Every route is scheduled on exactly one rank, so each destination row has one writer;
     rows nobody sends (invalid expert ids, capacity overflow) are zero.
     """
-    group = resolve_group(group_name)
-    me = dist.get_rank(group)
-    all_rows = all_gather(rows, group_name).flatten(0, 1)
-    all_rank = all_gather(peer_rank, group_name).flatten()
-    all_token = all_gather(peer_token_idx, group_name).flatten().to(torch.int64)
+    me = rank_in(group)
+    all_rows = all_gather(rows, group).flatten(0, 1)
+    all_rank = all_gather(peer_rank, group).flatten()
+    all_token = all_gather(peer_token_idx, group).flatten().to(torch.int64)
     slots = destination.shape[0]
     target = torch.where(all_rank == me, all_token, slots)
     landing = torch.zeros(slots + 1, *rows.shape[1:], dtype=rows.dtype, device=rows.device)

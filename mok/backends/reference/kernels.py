@@ -7,8 +7,10 @@ import torch
 import torch.distributed as dist
 
 from mok import mxfp8
+from mok import status as device_status
+from mok.backends.reference import exchange
 from mok.backends.reference import schedule as schedule_stage
-from mok.backends.reference.engine import ReferenceEngine
+from mok.backends.reference.engine import ReferenceEngine, group_of
 from mok.backends.reference.exchange import resolve_group
 
 mxfp8_quantize = mxfp8.quantize
@@ -28,9 +30,20 @@ def op_engine(buffers: dict[str, torch.Tensor], x_ptrs, topk: int, group_name: s
 
 
 def all_gather_top_experts(top_experts, buffer, group_name: str) -> None:
-    from mok.backends.reference import exchange
-
     exchange.all_gather_top_experts(top_experts, buffer, group_name)
+
+
+def gather_routing(workspace, routing: torch.Tensor) -> torch.Tensor:
+    """Every rank's routing into the workspace's all-gather buffer (int32 [EP, T, k])."""
+    buffer = workspace.all_gather_top_experts_buffer
+    exchange.all_gather_top_experts(routing, buffer, group_of(workspace))
+    return buffer
+
+
+def combine_status(workspace) -> None:
+    """OR every rank's status word into each rank's (mok.status.combine)."""
+    gathered = exchange.all_gather(workspace.status, group_of(workspace))
+    device_status.combine(workspace.status, gathered)
 
 
 def barrier(barrier_buffer, barrier_buffer_ptrs, target, group_name: str) -> None:
