@@ -14,8 +14,9 @@ $(STAMP): requirements.lock
 		-r requirements.lock
 	sha256sum requirements.lock > $(STAMP)
 
-# The main job: an EP=2 forward + backward, checked against a float64 dense formulation, through
-# the built wheel (installed into .venv) so that a GPU gets its compiled kernels.
+# The main job: an EP=2 forward + backward (on one GPU, both ranks share it), checked against a
+# float64 dense formulation, through the built wheel (installed into .venv) so that a GPU gets its
+# compiled kernels.
 demo: wheel
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-index \
 		--force-reinstall dist/mok-*.whl

@@ -140,7 +140,7 @@ def _power(timing: dict) -> dict:
     }
 
 
-def _timed(base: dict, timing: dict | None, flops: int, floor: float | None, ref_ms) -> dict:
+def timed(base: dict, timing: dict | None, flops: int, floor: float | None, ref_ms) -> dict:
     """The timing keys of one row: median (and spread), rate, ratio to the floor and to the
     baseline's median `ref_ms`."""
     timing = timing or {}
@@ -181,7 +181,7 @@ def _step_rows(record: dict, ctx: dict, baseline: dict | None) -> list[dict]:
         ref = (baseline or {}).get(phase) if system != BASELINE else None
         base = {**ctx, "system": system, "precision": precision_of(system), "pass": phase}
         base |= _shape(record)
-        row = _timed(base, record.get(phase), record[f"flops_{phase}"], floor,
+        row = timed(base, record.get(phase), record[f"flops_{phase}"], floor,
                      (ref or {}).get("median_ms"))  # fmt: skip
         row["gpu_busy_ms"] = (record.get("gpu_busy_ms") or {}).get(phase)
         row["check"] = _check(record, phase)
@@ -199,7 +199,7 @@ def _pass_gemm_rows(record: dict, ctx: dict) -> list[dict]:
             ref = gemm_pass.get("torch", {}).get(phase) if kernels != "torch" else None
             base = {**ctx, "system": f"gemms:{kernels}", "precision": "bf16", "pass": phase}
             base |= _shape(record)
-            row = _timed(base, timings.get(phase), record[f"flops_{phase}"], ctx["floor_tflops"],
+            row = timed(base, timings.get(phase), record[f"flops_{phase}"], ctx["floor_tflops"],
                          (ref or {}).get("median_ms"))  # fmt: skip
             rows.append(row)
     return rows
@@ -312,13 +312,45 @@ def standings(run: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def one_gpu_standings(rows: list[dict]) -> str:
+    """The newest one-GPU group run per GPU (bench_one_gpu.py): each pass's median per group size
+    and its ratio to that many 1-rank steps back to back. Not EP speed: HBM stands in for NVLink."""
+    newest: dict[str, str] = {}
+    grouped = [r for r in rows if r["system"].endswith("_1gpu_cg")]
+    for row in grouped:
+        newest[card(row)] = max(newest.get(card(row), ""), row["date"])
+    blocks = []
+    for gpu, date in sorted(newest.items()):
+        run = [r for r in grouped if card(r) == gpu and r["date"] == date]
+        sizes = sorted({r["ep"] for r in run})
+        by_key = {(r["system"], r["shape"], r["pass"], r["ep"]): r for r in run}
+        lines = [
+            f"N ranks on one {gpu} (commit {run[0]['commit']}, {date}): the machinery, "
+            "not EP speed",
+            "",
+            "| system | shape | pass | " + " | ".join(f"{n} ranks" for n in sizes) + " |",
+            "|---" * (len(sizes) + 3) + "|",
+        ]
+        for system, shape, phase in dict.fromkeys(
+            (r["system"], r["shape"], r["pass"]) for r in run
+        ):
+            cells = [_standing(by_key.get((system, shape, phase, n))) for n in sizes]
+            lines.append(f"| {system} | {shape} | {phase} | " + " | ".join(cells) + " |")
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("table", nargs="?", type=Path, default=TABLE, help="a results.jsonl")
     parser.add_argument("--gpu", help="only this GPU (as the rows name it)")
     args = parser.parse_args(argv)
-    for run in latest_runs(load(args.table), args.gpu).values():
+    rows = load(args.table)
+    for run in latest_runs(rows, args.gpu).values():
         print(standings(run), end="\n\n")
+    one_gpu = [r for r in rows if args.gpu is None or card(r) == args.gpu]
+    if any(r["system"].endswith("_1gpu_cg") for r in one_gpu):
+        print(one_gpu_standings(one_gpu))
     return 0
 
 

@@ -128,11 +128,13 @@ def step(ws, config, data, mode, limit=8.0, *, capturable=False):
     return [out, *grads], schedule
 
 
-def compare(name, got, ref, mode):
+def compare(name, got, ref, mode, where=""):
+    """`got` against the reference backend's `ref` for output or gradient `name`; `where` (e.g.
+    "rank 3 ") prefixes the failure message."""
     max_bound, rel_bound = (REDUCTION_TOLERANCE if name in REDUCTIONS else TOLERANCE)[mode]
     if name in REDUCTIONS:
         max_bound *= max(float(ref.abs().max()), 1.0)
-    assert torch.isfinite(got.float()).all(), f"{name}: non-finite values"
+    assert torch.isfinite(got.float()).all(), f"{where}{name}: non-finite values"
     diff = (got.double() - ref.double()).abs()
     rel = float(diff.sum() / ref.double().abs().sum().clamp(min=1e-30))
     if name in REDUCTIONS and got.numel() < MIN_AVERAGED:
@@ -141,6 +143,6 @@ def compare(name, got, ref, mode):
         # error; the elementwise max bound above still holds them.
         rel = 0.0
     assert float(diff.max()) <= max_bound and rel <= rel_bound, (
-        f"{name}: max|diff| {float(diff.max()):.4f} (bound {max_bound}), rel {rel:.2e} "
+        f"{where}{name}: max|diff| {float(diff.max()):.4f} (bound {max_bound}), rel {rel:.2e} "
         f"(bound {rel_bound})"
     )

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The device runbook: one call on a GPU machine installs the wheel built here (carried in dist/),
-# runs the GPU tests (one process per rank through torchrun), the demo and the benchmarks on
-# every GPU, and writes $OUT/summary.json with the logs. From the repository root there:
+# runs the GPU tests (one process per rank through torchrun; on one GPU the multi-rank tests run
+# EP 2, 4 and 8 as ranks of one process), the demo and the benchmarks, and writes
+# $OUT/summary.json with the logs. From the repository root there:
 #   MOK_GIT_COMMIT=<sha> bash tools/device_run.sh [extra pytest args]
 # MOK_SKIP_BENCH=1 skips the benchmarks. $OUT gets at most 7 files (the device tool brings 8).
 # The benchmark's rows land in $OUT/bench/results.jsonl; back here, append them to the committed
@@ -40,8 +41,14 @@ if (( gpus >= 2 )); then
         -m multi_gpu -s --junitxml="$work/multi_gpu.xml" "$@" > "$out/multi_gpu.log" 2>&1
     tail -n 5 "$out/multi_gpu.log"
 fi
-for mode in "" "--mxfp8"; do
-    python3 -P "$repo/tools/demo.py" --ep "$gpus" $mode 2>&1 | tee -a "$out/demo.txt" | tail -n 6
+# EP 2 and 8 as ranks on GPU 0 (mok.testing.OneDeviceGroup), and one process per GPU if several.
+demo_sizes=$(printf '%s\n' 2 8 $(( gpus >= 2 ? gpus : 2 )) | sort -un)
+demo_runs=0
+for ep in $demo_sizes; do
+    for mode in "" "--mxfp8"; do
+        python3 -P "$repo/tools/demo.py" --ep "$ep" $mode 2>&1 | tee -a "$out/demo.txt" | tail -n 3
+        demo_runs=$(( demo_runs + 1 ))
+    done
 done
 
 if [[ -z "${MOK_SKIP_BENCH:-}" ]]; then
@@ -52,12 +59,16 @@ if [[ -z "${MOK_SKIP_BENCH:-}" ]]; then
             >> "$out/bench.log" 2>&1
         tail -n 24 "$out/bench.log"
     done
+    # N ranks on one GPU: the multi-rank machinery, labelled as such (benchmarks/README.md).
+    torchrun --standalone --nproc-per-node=1 "$repo/benchmarks/bench_one_gpu.py" \
+        --out "$out/bench/results.jsonl" --precisions bf16 mxfp8 >> "$out/bench.log" 2>&1
+    tail -n 8 "$out/bench.log"
     python3 "$repo/benchmarks/plot.py" "$out/bench/results.jsonl" --out "$out/bench/chart.png"
 fi
 
-python3 - "$out" "$work" <<'PY'
+python3 - "$out" "$work" "$demo_runs" <<'PY'
 import json, pathlib, sys, xml.etree.ElementTree as ET
-out, work = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+out, work, demo_runs = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), int(sys.argv[3])
 summary = {"gpu": (work / "gpu.txt").read_text().strip().splitlines(),
            "load": (work / "load.txt").read_text().strip().splitlines()}
 for name in ("gpu", "multi_gpu"):
@@ -74,7 +85,7 @@ for name in ("gpu", "multi_gpu"):
     summary[f"tests_{name}"] = {**counts, "failed": failed}
 demo = (out / "demo.txt").read_text().splitlines()
 summary["demo"] = [line for line in demo if line.startswith(("PASS", "FAIL"))]
-if len(summary["demo"]) < 2:  # one verdict per mode (bf16, mxfp8); a crash prints none
+if len(summary["demo"]) < demo_runs:  # one verdict per run; a crash prints none
     summary["demo"].append("FAIL: a demo run printed no verdict (traceback in demo.txt)")
 (out / "summary.json").write_text(json.dumps(summary, indent=2))
 print(json.dumps({k: v for k, v in summary.items() if k != "load"}, indent=2))

@@ -44,9 +44,31 @@ def test_step_rows_hold_their_ratios(rows):
     for r in rows:
         by_run[(r["date"], r["ep"], r["system"], r["shape"], r["pass"])] = r
     for (date, ep, system, shape, phase), r in by_run.items():
-        if system.startswith("mok_") and r["median_ms"] and r["vs_baseline"]:
+        one_gpu = system.endswith("_1gpu_cg")  # against the 1-rank group: next test
+        if system.startswith("mok_") and not one_gpu and r["median_ms"] and r["vs_baseline"]:
             baseline = by_run[(date, ep, "nccl_torch", shape, phase)]
             assert r["vs_baseline"] == pytest.approx(baseline["median_ms"] / r["median_ms"], 1e-4)
+
+
+def test_one_gpu_group_rows_compare_with_that_many_single_rank_steps():
+    """bench_one_gpu.py's rows: ep = N, every rank's FLOPs, vs_baseline = N x the 1-rank
+    group's time / the N-rank group's, labelled as one GPU; the standings list them apart."""
+    bench, results, harness = load("bench_one_gpu"), load("results"), load("harness")
+    shape = load("shapes").SHAPES["qwen3-235b"]
+    one = {p: harness.Timing(ms, ms, ms, 10, 1) for p, ms in (("fwd", 2.0), ("bwd", 4.0))}
+    four = {p: harness.Timing(ms, ms, ms, 10, 1) for p, ms in (("fwd", 10.0), ("bwd", 16.0))}
+    env = {**ENV, "gpu": "NVIDIA H100 80GB HBM3"}
+    single = bench.rows(env, shape, 1, "bf16", one, one)
+    fwd, bwd = bench.rows(env, shape, 4, "bf16", four, one)
+    assert (fwd["ep"], fwd["gpu_count"], fwd["system"]) == (4, 1, "mok_bf16_1gpu_cg")
+    assert fwd["vs_baseline"] == pytest.approx(0.8) and bwd["vs_baseline"] == pytest.approx(1.0)
+    fwd_flops = load("shapes").flops(shape)[0]
+    assert fwd["tflops"] == pytest.approx(4 * fwd_flops / 10e-3 / 1e12)
+    assert "4 ranks on one GPU" in fwd["note"]
+    for row in (*single, fwd, bwd):
+        assert set(results.REQUIRED) <= set(row) <= set(results.REQUIRED + results.OPTIONAL)
+    text = results.one_gpu_standings([*single, fwd, bwd])
+    assert "| mok_bf16_1gpu_cg | qwen3-235b | fwd | 2.00 ms (1.00×) | 10.00 ms (0.80×) |" in text
 
 
 RECORD = {

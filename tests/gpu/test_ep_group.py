@@ -127,7 +127,7 @@ def test_matches_reference(new_group, monkeypatch, case, mode, shared):
             if g is None or r is None:
                 assert g is None and r is None, f"rank {rank} {name}: present in one backend only"
                 continue
-            compare(f"rank {rank} {name}", g, r, mode)
+            compare(name, g, r, mode, where=f"rank {rank} ")
 
 
 def _verdicts(group, config, top_of) -> dict:
@@ -160,6 +160,8 @@ def test_invalid_ids_on_one_rank_are_every_ranks_verdict(new_group):
 
 def test_capacity_overflow_on_one_rank_is_every_ranks_verdict(new_group):
     # Every route to rank 0's experts, the smallest capacity: only rank 0 drops routes.
+    if new_group.ep_size <= 2:
+        pytest.skip("at EP <= 2 the capacity (at least 2 * T * k rows) holds every route")
     config = _config(multiplier=0.01)
     group = new_group(config, 512, 1024, 2)
     top_of = lambda rank, ws: torch.arange(2, device="cuda").repeat(512, 1)  # noqa: E731
