@@ -105,7 +105,7 @@ def rows(env, shape, ranks, precision, timings, single) -> list[dict]:
     context = results.context(env, None, ranks)
     out = []
     for phase, count in zip(results.PASSES, flops(shape), strict=True):
-        ref = single[phase].median_ms * ranks if single else None
+        ref = single[phase].median_ms * ranks if single and single[phase].median_ms else None
         base = {**context, "gpu_count": 1, "system": f"mok_{precision}_1gpu_cg",
                 "precision": precision, "pass": phase, "shape": shape.name,
                 "hidden": shape.hidden, "inter": shape.inter, "topk": shape.topk,
@@ -116,11 +116,33 @@ def rows(env, shape, ranks, precision, timings, single) -> list[dict]:
     return out
 
 
-def _summary(table: list[dict]) -> str:
-    return ", ".join(
+@dataclasses.dataclass
+class Measured:
+    rows: list[dict]
+    single: dict | None  # the timings, kept as the baseline of larger groups
+    summary: str
+
+
+def _measured_rows(d, timer, env, shape, ranks: int, precision: str, single) -> Measured:
+    """One group size's rows; a failure (out of memory, say) becomes rows with no timings and
+    the error as their note, so the sizes after it still run."""
+    try:
+        timings = measure(d, timer, shape, ranks, precision)
+    except Exception as error:  # recorded in the table, as run.py records a failed system
+        message = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+        empty = {p: harness.Timing(None, None, None, 0, 0) for p in results.PASSES}
+        table = rows(env, shape, ranks, precision, empty, None)
+        for row in table:
+            row["note"] = f"{row['note']}; failed: {message}"
+        return Measured(table, None, f"failed: {message}")
+    finally:
+        torch.cuda.empty_cache()
+    table = rows(env, shape, ranks, precision, timings, single)
+    summary = ", ".join(
         f"{r['pass']} {r['median_ms']:.3f} ms (x{r['vs_baseline'] or 1.0:.3f} of 1-rank steps)"
         for r in table
     )
+    return Measured(table, timings, summary)
 
 
 def main(argv=None) -> int:
@@ -135,13 +157,11 @@ def main(argv=None) -> int:
             for precision in args.precisions:
                 single = None
                 for ranks in sorted(args.ranks):
-                    timings = measure(d, timer, SHAPES[name], ranks, precision)
-                    single = timings if ranks == 1 else single
-                    table = rows(env, SHAPES[name], ranks, precision, timings, single)
-                    results.append(args.out, table)
-                    print(f"{name} {precision} {ranks} ranks on one GPU: {_summary(table)}",
+                    table = _measured_rows(d, timer, env, SHAPES[name], ranks, precision, single)
+                    single = table.single if ranks == 1 else single
+                    results.append(args.out, table.rows)
+                    print(f"{name} {precision} {ranks} ranks on one GPU: {table.summary}",
                           flush=True)  # fmt: skip
-                    torch.cuda.empty_cache()
     finally:
         dist.destroy_process_group()
     return 0

@@ -71,6 +71,23 @@ def test_one_gpu_group_rows_compare_with_that_many_single_rank_steps():
     assert "| mok_bf16_1gpu_cg | qwen3-235b | fwd | 2.00 ms (1.00×) | 10.00 ms (0.80×) |" in text
 
 
+def test_a_failed_one_gpu_group_size_leaves_rows_with_its_error(monkeypatch):
+    bench = load("bench_one_gpu")
+    shape = load("shapes").SHAPES["dsv4-pro"]
+
+    def out_of_memory(*args):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
+
+    monkeypatch.setattr(bench, "measure", out_of_memory)
+    monkeypatch.setattr(bench.torch.cuda, "empty_cache", lambda: None)
+    env = {**ENV, "gpu": "NVIDIA H100 80GB HBM3"}
+    measured = bench._measured_rows(None, None, env, shape, 8, "mxfp8", None)
+    assert measured.single is None and measured.summary.startswith("failed: RuntimeError")
+    for row in measured.rows:
+        assert row["median_ms"] is None and row["vs_baseline"] is None
+        assert "8 ranks on one GPU" in row["note"] and "out of memory" in row["note"]
+
+
 RECORD = {
     "system": "mok_mxfp8",
     "shape": "tiny",
