@@ -154,7 +154,7 @@ def build_schedule(
     rows = ws.schedule_rows(num_local_experts)
     gathered = _all_gather(ws, config, routing)
     result = schedule(gathered, num_local_experts, rows, ws.ep_rank, ws.status)
-    _combine_status(ws)
+    _combine_status(ws, num_local_experts)
     if settings.debug():
         device_status.check(ws.status)
     return MoKSchedule(*result, routes=routing, routes_complete=_keeps_every_route(ws))
@@ -181,12 +181,13 @@ def _all_gather(ws: MoKWorkspace, config: MoKConfig, routing: torch.Tensor) -> t
     return buffer
 
 
-def _combine_status(ws: MoKWorkspace) -> None:
-    """Every rank gets every rank's schedule-time problems (invalid ids, capacity overflow), so
-    check_status gives all ranks one verdict. Eager only: under torch.compile each rank keeps
-    its own (the flat ops have no status exchange)."""
+def _combine_status(ws: MoKWorkspace, num_local_experts: int) -> None:
+    """Every rank gets every rank's schedule-time problems (invalid ids, capacity overflow,
+    ranks that disagree on num_local_experts), so check_status gives all ranks one verdict.
+    Eager only: under torch.compile each rank keeps its own (the flat ops have no status
+    exchange)."""
     if ws.ep_size > 1 and not torch.compiler.is_compiling():
-        backends.for_device(ws.device).combine_status(ws)
+        backends.for_device(ws.device).combine_status(ws, num_local_experts)
 
 
 def _eager_backend_or(op, name: str, device: torch.device):

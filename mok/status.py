@@ -11,6 +11,7 @@ import torch
 INVALID_EXPERT_ID = 1
 CAPACITY_OVERFLOW = 2
 TIMEOUT = 4
+RANKS_DISAGREE = 8
 
 _MESSAGES = {
     INVALID_EXPERT_ID: (
@@ -27,6 +28,10 @@ _MESSAGES = {
         "(MOK_COMM_TIMEOUT_S, default 5 s): a rank crashed, is stalled, or ran a different "
         "sequence of mok ops; data exchanged after the timeout is unreliable"
     ),
+    RANKS_DISAGREE: (
+        "the ranks of the EP group passed different num_local_experts to build_schedule: "
+        "they read each other's expert ids differently, so the step's results are invalid"
+    ),
 }
 
 
@@ -39,12 +44,20 @@ def record(status: torch.Tensor, bit: int, condition: torch.Tensor) -> None:
     status.bitwise_or_(condition.any().to(torch.int32) * bit)
 
 
-def combine(status: torch.Tensor, gathered: torch.Tensor) -> None:
-    """OR every rank's status word (`gathered`, int32 [EP]) into `status` (no sync), so that all
-    ranks of a group reach the same verdict for a step."""
+def word(status: torch.Tensor, num_local_experts: int) -> torch.Tensor:
+    """int32 [2]: this rank's (status word, num_local_experts), what `combine` gathers."""
+    experts = torch.full((1,), num_local_experts, dtype=torch.int32, device=status.device)
+    return torch.cat((status, experts))
+
+
+def combine(status: torch.Tensor, gathered: torch.Tensor, num_local_experts: int) -> None:
+    """OR every rank's status word into `status`, and RANKS_DISAGREE if any rank's
+    num_local_experts differs from this one's (`gathered`: every rank's `word`, int32 [EP, 2]);
+    no sync, so that all ranks of a group reach the same verdict for a step."""
     bits = torch.arange(31, device=status.device, dtype=torch.int32)
-    present = ((gathered.view(-1, 1) >> bits) & 1).amax(0)
+    present = ((gathered[:, :1] >> bits) & 1).amax(0)
     status.bitwise_or_((present << bits).sum().to(torch.int32))
+    record(status, RANKS_DISAGREE, gathered[:, 1] != num_local_experts)
 
 
 def raise_for(value: int) -> None:

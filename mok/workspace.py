@@ -31,8 +31,9 @@ _SYMMETRIC_BUFFERS = {
     "d_router_weight_buffer": (torch.float32, lambda ep, t, h, k: (t, k)),
     "all_gather_top_experts_buffer": (torch.int32, lambda ep, t, h, k: (ep, t, k)),
     "barrier_buffer": (torch.int32, lambda ep, t, h, k: (ep,)),
-    # mok: every rank's status word, so all ranks reach one verdict per step (mok.status.combine)
-    "status_gather_buffer": (torch.int32, lambda ep, t, h, k: (ep,)),
+    # mok: every rank's (status word, num_local_experts), so all ranks reach one verdict per step
+    # (mok.status.combine)
+    "status_gather_buffer": (torch.int32, lambda ep, t, h, k: (ep, 2)),
 }
 
 
@@ -206,16 +207,25 @@ def _peer_tables(buffers: dict, group, device: torch.device) -> dict[str, torch.
     return {n: torch.tensor(buffers[f"{n}_ptrs"], dtype=torch.int64, device=device) for n in names}
 
 
-def _check_same_sizes(group, device, sizes: tuple[int, int, int]) -> None:
-    """One collective at creation: every rank must pass the same T, H and k."""
-    mine = torch.tensor(sizes, dtype=torch.int64, device=device)
+def _check_agreement(group, device, config: MoKConfig, sizes: tuple[int, int, int]) -> None:
+    """One collective at creation: every rank must pass the same T, H and k and the same
+    schedule_capacity_multiplier (the capacity every rank's schedule is cut to)."""
+    multiplier = torch.tensor([config.schedule_capacity_multiplier], dtype=torch.float64)
+    mine = torch.tensor([*sizes, int(multiplier.view(torch.int64))], dtype=torch.int64)
+    mine = mine.to(device)
     gathered = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
     dist.all_gather(gathered, mine, group=group)
     for rank, theirs in enumerate(gathered):
-        if not torch.equal(theirs, mine):
+        if not torch.equal(theirs[:3], mine[:3]):
             raise ValueError(
                 "every rank must pass the same (num_local_tokens, hidden_size, topk): "
-                f"this rank has {sizes}, rank {rank} has {tuple(theirs.tolist())}"
+                f"this rank has {sizes}, rank {rank} has {tuple(theirs[:3].tolist())}"
+            )
+        if not torch.equal(theirs, mine):
+            their_multiplier = float(theirs[3:].cpu().view(torch.float64))
+            raise ValueError(
+                "every rank must use the same MoKConfig.schedule_capacity_multiplier: this rank "
+                f"has {config.schedule_capacity_multiplier}, rank {rank} has {their_multiplier}"
             )
 
 
@@ -243,7 +253,7 @@ def create_workspace(
 
 def _create(config: MoKConfig, group, device: torch.device, sizes: tuple[int, int, int]):
     """Allocate and register a workspace from validated arguments."""
-    _check_same_sizes(group, device, sizes)
+    _check_agreement(group, device, config, sizes)
     ep_size = dist.get_world_size(group)
     buffers: dict[str, object] = {}
     for name, dtype, shape in symmetric_buffers(ep_size, sizes):

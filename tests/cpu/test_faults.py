@@ -7,6 +7,8 @@ import dataclasses
 
 import pytest
 import torch
+from distributed import run_on_ranks
+from fault_workers import create_with_rank_multiplier
 
 from mok import MoELayer, ops
 from mok import functional as F
@@ -111,6 +113,18 @@ def test_backward_refuses_a_context_of_another_schedule(single_rank_group):
         F.backward(config, ws, other, ctx, x, x, rw, None, None, None, *routed)
 
 
+# MoKWorkspace's fields that mok adds to the original's (all with defaults).
+MOK_FIELDS = ("status", "capacity_multiplier", "peer_ptr_tables", "status_gather_buffer",
+              "status_gather_buffer_handle", "status_gather_buffer_ptrs", "host_group")  # fmt: skip
+
+
+def test_ranks_with_different_capacity_multipliers_are_refused_at_creation():
+    """At EP 3 a rank with another schedule_capacity_multiplier once crashed (SIGABRT) in the
+    collectives of its first step; creation now compares it on every rank."""
+    errors = run_on_ranks(create_with_rank_multiplier, 3, timeout_s=120, collective_timeout_s=60)
+    assert all(e and "same MoKConfig.schedule_capacity_multiplier" in e for e in errors), errors
+
+
 def test_the_originals_call_forms_take_the_workspace_fields(single_rank_group):
     """The original's code passes the workspace's multicast fields to the ops, which take an
     int (they once held None: a schema error), and builds MoKWorkspace from its own fields
@@ -125,7 +139,7 @@ def test_the_originals_call_forms_take_the_workspace_fields(single_rank_group):
     ops.barrier_all(ws.barrier_buffer, ws.barrier_buffer_ptrs, ws.barrier_buffer_multicast_ptr,
                     ws.barrier_target, ws.group_name)  # fmt: skip
     originals = {f.name: getattr(ws, f.name) for f in dataclasses.fields(ws)
-                 if f.name not in ("status", "capacity_multiplier", "peer_ptr_tables")}  # fmt: skip
+                 if f.name not in MOK_FIELDS}  # fmt: skip
     rebuilt = F.MoKWorkspace(**originals)
     assert rebuilt.status.dtype == torch.int32 and int(rebuilt.status) == 0
 

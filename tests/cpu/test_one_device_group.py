@@ -121,6 +121,25 @@ def test_capacity_overflow_is_every_ranks_verdict():
     assert all(v and "schedule capacity" in v for v in verdicts), verdicts
 
 
+def test_ranks_that_disagree_on_num_local_experts_all_get_a_clear_error():
+    """The reference raises on every rank at build_schedule (the CUDA backend records
+    RANKS_DISAGREE instead: tests/gpu/test_ep_group.py); the group is usable afterwards."""
+    group, config = _group(3, 8)
+    top = torch.zeros(8, TOPK, dtype=torch.int64)
+
+    def step(rank, ws):
+        experts = LOCAL_EXPERTS + (rank == 1)
+        try:
+            F.build_schedule(ws, config, top, num_local_experts=experts)
+        except ValueError as error:
+            return str(error)
+        return None
+
+    errors = group.run(step)
+    assert all(e and "same num_local_experts" in e and "[4, 5, 4]" in e for e in errors), errors
+    group.run(lambda rank, ws: F.build_schedule(ws, config, top, num_local_experts=4))
+
+
 def test_a_failing_rank_is_a_clear_error_and_the_group_runs_again():
     group, config = _group(
         3,

@@ -169,6 +169,24 @@ def test_capacity_overflow_on_one_rank_is_every_ranks_verdict(new_group):
     assert all(v and "schedule capacity" in v for v in verdicts.values()), verdicts
 
 
+def test_ranks_that_disagree_on_num_local_experts_are_every_ranks_verdict(new_group):
+    ep = new_group.ep_size
+    config = _config()
+    group = new_group(config, 64, 1024, 2)
+
+    def schedule_and_check(rank, ws):
+        top = torch.arange(128, device="cuda").reshape(64, 2) % (2 * ep)
+        F.build_schedule(ws, config, top, num_local_experts=2 + (rank == ep - 1))
+        try:
+            F.check_status(ws)
+        except MoKDeviceError as error:
+            return str(error)
+        return None
+
+    verdicts = group.run(schedule_and_check)
+    assert all(v and "different num_local_experts" in v for v in verdicts.values()), verdicts
+
+
 @pytest.mark.parametrize("mode", ["bf16", "mxfp8"])
 def test_bitwise_deterministic_over_five_runs(new_group, mode):
     group, config, data = _inputs(new_group, "qwen3-235b-like", _seed())

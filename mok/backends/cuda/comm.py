@@ -167,25 +167,27 @@ def all_gather_top_experts(
     return ws.all_gather_top_experts_buffer
 
 
-def combine_status(ws: MoKWorkspace) -> None:
-    """OR every rank's status word into each rank's (mok.status.combine): this rank's word goes
-    into slot `rank` of every peer's `status_gather_buffer`, then one barrier. No barrier is
-    needed before the stores: a peer read its slots of the previous step before the routing
-    all-gather's barriers, which every rank passes before it gets here again. Nothing at EP 1,
-    nor in a workspace built with the original's fields alone (no gather buffer)."""
+def combine_status(ws: MoKWorkspace, num_local_experts: int) -> None:
+    """OR every rank's status word into each rank's, and flag ranks that passed another
+    num_local_experts (mok.status.combine): this rank's (status, num_local_experts) goes into
+    row `rank` of every peer's `status_gather_buffer`, then one barrier. No barrier is needed
+    before the stores: a peer read its rows of the previous step before the routing all-gather's
+    barriers, which every rank passes before it gets here again. Nothing at EP 1, nor in a
+    workspace built with the original's fields alone (no gather buffer)."""
     if ws.ep_size == 1 or ws.status_gather_buffer is None:
         return
+    mine = device_status.word(ws.status, num_local_experts)
     _run(
         ws,
         "comm_all_gather",
-        src=ws.status.data_ptr(),
+        src=mine.data_ptr(),
         dst_table=ws.peer_ptr_tables["status_gather_buffer"].data_ptr(),
-        bytes=ws.status.nbytes,
+        bytes=mine.nbytes,
         rank=ws.ep_rank,
         ep=ws.ep_size,
     )
     barrier(ws)
-    device_status.combine(ws.status, ws.status_gather_buffer)
+    device_status.combine(ws.status, ws.status_gather_buffer, num_local_experts)
 
 
 def _pull(ws, name, source, schedule, out, divisor, sync, num_ctas, zero_rest):

@@ -40,10 +40,19 @@ def gather_routing(workspace, routing: torch.Tensor) -> torch.Tensor:
     return buffer
 
 
-def combine_status(workspace) -> None:
-    """OR every rank's status word into each rank's (mok.status.combine)."""
-    gathered = exchange.all_gather(workspace.status, group_of(workspace))
-    device_status.combine(workspace.status, gathered)
+def combine_status(workspace, num_local_experts: int) -> None:
+    """OR every rank's status word into each rank's (mok.status.combine). Ranks that passed
+    different num_local_experts raise here, on every rank alike: the reference's collectives
+    would otherwise meet tensors of different sizes (the CUDA backend records RANKS_DISAGREE)."""
+    mine = device_status.word(workspace.status, num_local_experts)
+    gathered = exchange.all_gather(mine, group_of(workspace))
+    experts = gathered[:, 1].tolist()
+    if len(set(experts)) > 1:
+        raise ValueError(
+            "every rank must pass the same num_local_experts to build_schedule; the ranks "
+            f"passed {experts} (in rank order)"
+        )
+    device_status.combine(workspace.status, gathered, num_local_experts)
 
 
 def barrier(barrier_buffer, barrier_buffer_ptrs, target, group_name: str) -> None:
