@@ -31,6 +31,11 @@ inline void extent(const char* name, int64_t value) {
               std::to_string(value));
 }
 
+// The variant groups as error messages name them (mok.backends.cuda.grouped_gemm.Kind's names).
+constexpr const char* kPairVariants =
+    "the pair variants (M_GROUPED_BF16_NN_PAIR, M_GROUPED_MXFP8_NT_PAIR)";
+constexpr const char* kMxVariants = "the MXFP8 variants (M_GROUPED_MXFP8_*, K_GROUPED_MXFP8_TN)";
+
 inline gemm::Kind kind(int value) {
   require(value >= 0 && value < gemm::kKinds, "`kind` must be in [0, " +
                                                   std::to_string(gemm::kKinds) + "), got " +
@@ -48,7 +53,7 @@ inline gemm::OperandSet operand_set(const char* suffix, bool has_d, uintptr_t a,
   if (has_d) {
     address(("d" + s).c_str(), d);
   } else {
-    require(d == 0, "`d" + s + "` must be 0: kinds 2 and 8 write their sum to `d`");
+    require(d == 0, "`d" + s + "` must be 0: " + kPairVariants + " write their sum to `d`");
   }
   return {reinterpret_cast<const void*>(a), reinterpret_cast<const void*>(b),
           reinterpret_cast<void*>(d)};
@@ -78,7 +83,8 @@ inline void mx_weight_operands(gemm::GroupedArgs& args, uintptr_t b_scale, uintp
   namespace check = gemm_checks;
   if (!gemm::reads_mx_weight(args.kind)) {
     check::require(b_scale == 0 && b2_scale == 0,
-                   "`b_scale` and `b2_scale` must be 0 except for kinds 4 and 6-9");
+                   std::string("`b_scale` and `b2_scale` must be 0 except for ") +
+                       check::kMxVariants);
     return;
   }
   check::address("b_scale", b_scale);
@@ -90,12 +96,13 @@ inline void mx_weight_operands(gemm::GroupedArgs& args, uintptr_t b_scale, uintp
     check::require(b2_scale == 0, "`b2_scale` must be 0 without a second set");
   }
   check::require(args.n % 128 == 0 && args.k % 128 == 0,
-                 "kinds 4 and 6-9 need `n` and `k` multiples of 128 (whole MXFP8 scale "
-                 "tiles), got n=" +
+                 std::string(check::kMxVariants) +
+                     " need `n` and `k` multiples of 128 (whole MXFP8 scale tiles), got n=" +
                      std::to_string(args.n) + ", k=" + std::to_string(args.k));
   check::require(args.kind != gemm::Kind::K_GROUPED_MXFP8_TN ||
                      (args.total_rows > 0 && args.total_rows % 128 == 0),
-                 "kind 9 needs `total_rows` (b's columns) a positive multiple of 128, got " +
+                 "K_GROUPED_MXFP8_TN needs `total_rows` (b's columns) a positive multiple of "
+                 "128, got " +
                      std::to_string(args.total_rows));
 }
 
@@ -106,7 +113,8 @@ inline void exponent_operands(gemm::GroupedArgs& args, uintptr_t a_exponent,
   namespace check = gemm_checks;
   if (args.kind != gemm::Kind::M_GROUPED_MXFP8_NT_F16_ROWS) {
     check::require(a_exponent == 0 && b_exponent == 0 && b2_exponent == 0,
-                   "`a_exponent`, `b_exponent` and `b2_exponent` are for kind 6 only (must be 0)");
+                   "`a_exponent`, `b_exponent` and `b2_exponent` are for "
+                   "M_GROUPED_MXFP8_NT_F16_ROWS only (must be 0)");
     return;
   }
   check::address("a_exponent", a_exponent);
@@ -115,7 +123,8 @@ inline void exponent_operands(gemm::GroupedArgs& args, uintptr_t a_exponent,
   args.sets[0].b_exponent = reinterpret_cast<const void*>(b_exponent);
   if (args.num_sets == 2) {
     check::require(args.sets[1].a == args.sets[0].a,
-                   "kind 6's second set reads the same rows (`a2` = `a`): they share `a_exponent`");
+                   "M_GROUPED_MXFP8_NT_F16_ROWS's second set reads the same rows (`a2` = `a`): "
+                   "they share `a_exponent`");
     check::address("b2_exponent", b2_exponent);
     args.sets[1].a_exponent = args.sets[0].a_exponent;
     args.sets[1].b_exponent = reinterpret_cast<const void*>(b2_exponent);
@@ -131,15 +140,18 @@ inline void swiglu_operands(gemm::GroupedArgs& args, uintptr_t hidden, bool has_
   namespace check = gemm_checks;
   if (args.kind != gemm::Kind::M_GROUPED_BF16_NT_SWIGLU) {
     check::require(hidden == 0 && !has_limit,
-                   "`hidden` and `has_limit` are for kind 5 only (must be 0 and False)");
+                   "`hidden` and `has_limit` are for M_GROUPED_BF16_NT_SWIGLU only (must be 0 "
+                   "and False)");
     return;
   }
   check::require(args.num_sets == 2 && args.sets[0].a == args.sets[1].a,
-                 "kind 5 needs the up set (`a2` = `a`, `b2`, `d2`) beside the gate set");
+                 "M_GROUPED_BF16_NT_SWIGLU needs the up set (`a2` = `a`, `b2`, `d2`) beside the "
+                 "gate set");
   check::address("hidden", hidden);
   args.hidden = reinterpret_cast<void*>(hidden);
   check::require(args.n % 128 == 0,
-                 "kind 5 needs `n` a multiple of 128, got " + std::to_string(args.n));
+                 "M_GROUPED_BF16_NT_SWIGLU needs `n` a multiple of 128, got " +
+                     std::to_string(args.n));
   check::require(!has_limit || (std::isfinite(limit) && limit >= 0.0f),
                  "`limit` must be finite and >= 0 with `has_limit`, got " + std::to_string(limit));
   args.has_limit = has_limit;
@@ -160,7 +172,8 @@ inline void grouped_gemm(int kind, uintptr_t a, uintptr_t b, uintptr_t d, uintpt
   const bool paired = gemm::pairs_along_k(args.kind);
   args.sets[0] = check::operand_set("", true, a, b, d);
   const bool second = a2 != 0 || b2 != 0 || d2 != 0;
-  check::require(second || !paired, "kinds 2 and 8 need their second pair (`a2`, `b2`)");
+  check::require(second || !paired,
+                 std::string(check::kPairVariants) + " need their second pair (`a2`, `b2`)");
   if (second) args.sets[1] = check::operand_set("2", !paired, a2, b2, d2);
   args.num_sets = second ? 2 : 1;
   check::require(rows != 0 && rows % 4 == 0,
@@ -180,7 +193,7 @@ inline void grouped_gemm(int kind, uintptr_t a, uintptr_t b, uintptr_t d, uintpt
   check::extent("k", k);
   check::require(!paired || k % gemm::kTileK == 0,
                  "`k` must be a multiple of " + std::to_string(gemm::kTileK) +
-                     " for kinds 2 and 8 (each pair's tiles are whole), got " +
+                     " for " + check::kPairVariants + " (each pair's tiles are whole), got " +
                      std::to_string(k));
   args.n = n;
   args.k = k;

@@ -221,14 +221,14 @@ swizzled, out bf16 [rows, cols]; rows and cols multiples of 128, addresses 16-by
 transposed: data is [experts, rows/experts, cols] and out [experts, cols, rows/experts].)doc");
   m.def("mxfp8_rebase_weight", &mxfp8_rebase_weight, py::arg("scale"), py::arg("factors"),
         py::arg("row_exponents"), py::arg("rows"), py::arg("cols"), py::arg("stream"),
-        R"doc(An MXFP8 weight's operands for the f16 GEMM (kind 6, M_GROUPED_MXFP8_NT_F16_ROWS)
+        R"doc(An MXFP8 weight's operands for the f16 GEMM (M_GROUPED_MXFP8_NT_F16_ROWS)
 on `stream`: from its scale tiles `scale` uint8 [rows/128, cols/128, 32, 16], `row_exponents`
 uint8 [rows] (each row's largest scale byte other than 255, minus 7, at least 0) and `factors`
 f16 in the scale tiles' layout (2^(E - R), 0 below 2^-24, NaN for E = 255). rows and cols
 multiples of 128, addresses 16-byte aligned.)doc");
   m.def("mxfp8_row_exponents", &mxfp8_row_exponents, py::arg("x"), py::arg("out"),
         py::arg("rows"), py::arg("cols"), py::arg("stream"),
-        R"doc(Each row's exponent byte for the f16 GEMM (kind 6, M_GROUPED_MXFP8_NT_F16_ROWS) on
+        R"doc(Each row's exponent byte for the f16 GEMM (M_GROUPED_MXFP8_NT_F16_ROWS) on
 `stream`: x bf16 [rows, cols] (cols a multiple of 8, 16-byte aligned), out uint8 [rows] =
 max(biased exponent of the row's largest |x| - 14, 0): the row's largest times 2^(127 - R) is in
 [2^14, 2^15).)doc");

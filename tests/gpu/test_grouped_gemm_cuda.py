@@ -230,12 +230,18 @@ def test_bad_arguments_raise_before_any_launch():
     a = torch.zeros(256, 128, dtype=torch.bfloat16, device="cuda")
     out = torch.zeros(256, 128, dtype=torch.bfloat16, device="cuda")
     pair = grouped_gemm.Kind.M_GROUPED_BF16_NN_PAIR
-    with pytest.raises(ValueError, match="kinds 2 and 8 need their second pair"):
+    with pytest.raises(
+        ValueError,
+        match=r"variants \(M_GROUPED_BF16_NN_PAIR, M_GROUPED_MXFP8_NT_PAIR\) need their second",
+    ):
         grouped_gemm._launch(pair, [(a, w, out)], counts, 128, 128)
     with pytest.raises(ValueError, match="`d2` must be 0"):
         grouped_gemm._launch(pair, [(a, w, out), (a, w, out)], counts, 128, 128)
     a_96 = torch.zeros(256, 96, dtype=torch.bfloat16, device="cuda")
-    with pytest.raises(ValueError, match="`k` must be a multiple of 64 for kinds 2 and 8"):
+    with pytest.raises(
+        ValueError,
+        match=r"`k` must be a multiple of 64 for the pair variants \(M_GROUPED_BF16_NN_PAIR",
+    ):
         grouped_gemm._launch(pair, [(a_96, w, out), (a_96, w, None)], counts, 128, 96)
     with pytest.raises(ValueError, match="`kind` must be in"):
         grouped_gemm._launch(10, [(a, w, out)], counts, 128, 128)

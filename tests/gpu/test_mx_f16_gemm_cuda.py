@@ -154,7 +154,7 @@ def test_bad_arguments_raise_before_any_launch():
         grouped_gemm._launch(grouped_gemm.Kind.M_GROUPED_MXFP8_NT_F16_ROWS, [(a, data, out)],
         counts, 128, 128,
                           b_scales=[scales])  # fmt: skip
-    with pytest.raises(ValueError, match="are for kind 6 only"):
+    with pytest.raises(ValueError, match="are for M_GROUPED_MXFP8_NT_F16_ROWS only"):
         exponents = (bf16_rows.exponents, [bf16_rows.exponents])
         grouped_gemm._launch(grouped_gemm.Kind.M_GROUPED_MXFP8_NT, [(a, data, out)], counts, 128,
         128,

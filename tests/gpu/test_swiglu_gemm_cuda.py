@@ -123,11 +123,11 @@ def test_bad_arguments_raise_before_any_launch():
     with pytest.raises(ValueError, match="`limit` must be None or finite and >= 0"):
         swiglu_epilogue.linear_swiglu(a, w, w, counts, limit=-1.0)
     out = torch.zeros(256, 128, dtype=torch.bfloat16, device="cuda")
-    with pytest.raises(ValueError, match="kind 5 needs the up set"):
+    with pytest.raises(ValueError, match="M_GROUPED_BF16_NT_SWIGLU needs the up set"):
         grouped_gemm._launch(grouped_gemm.Kind.M_GROUPED_BF16_NT_SWIGLU, [(a, w, out)], counts,
         128, 128,
                           hidden=out)  # fmt: skip
-    with pytest.raises(ValueError, match="are for kind 5 only"):
+    with pytest.raises(ValueError, match="are for M_GROUPED_BF16_NT_SWIGLU only"):
         grouped_gemm._launch(
             grouped_gemm.Kind.M_GROUPED_BF16_NT, [(a, w, out)], counts, 128, 128, hidden=out
         )
