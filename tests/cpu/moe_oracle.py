@@ -204,7 +204,11 @@ def _shared_rounded(x, d_out, shared, limit):
 
 @functools.cache
 def rounded(name: str, ep: int) -> list[dict]:
-    scenario, inputs = SCENARIOS[name], make_inputs(name, ep)
+    return rounded_for(SCENARIOS[name], make_inputs(name, ep), ep)
+
+
+def rounded_for(scenario, inputs: dict, ep: int) -> list[dict]:
+    """`rounded` for any scenario's inputs (moe_scenarios.inputs_for)."""
     q = mx if scenario.mode == "mxfp8" else _keep
     y, d_x_routes, d_rw, d_w = _routed_rounded(inputs, scenario, ep, q)
     rw = inputs["rw"].double()

@@ -102,13 +102,13 @@ def _seed(name: str, ep: int) -> int:
     return sum(ord(c) * 31**i for i, c in enumerate(name)) % 2**31 + ep
 
 
-def _routing(scenario: Scenario, ep: int, gen: torch.Generator) -> torch.Tensor:
+def _routing(scenario: Scenario, ep: int, tokens: int, gen: torch.Generator) -> torch.Tensor:
     """int64 [EP, T, k]: distinct skewed experts per token; local expert E-1 never used."""
     num_experts = ep * LOCAL_EXPERTS
     usable = torch.arange(num_experts) % LOCAL_EXPERTS != LOCAL_EXPERTS - 1
     skew = 0.75 ** torch.arange(num_experts, dtype=torch.float64) * usable
-    probs = skew.expand(ep * scenario.tokens, -1)
-    top = torch.multinomial(probs, TOPK, generator=gen).reshape(ep, scenario.tokens, TOPK)
+    probs = skew.expand(ep * tokens, -1)
+    top = torch.multinomial(probs, TOPK, generator=gen).reshape(ep, tokens, TOPK)
     if scenario.routing == "hot":
         # Slot 0 of every token goes to expert 1 (never chosen by slot 1: moved to expert 0).
         top[..., 1] = torch.where(top[..., 1] == 1, 0, top[..., 1])
@@ -136,13 +136,18 @@ def make_inputs(name: str, ep: int) -> dict:
     EP * E experts ([EP*E, I, H] gate/up, [EP*E, H, I] down; expert e on rank e // E), shared
     weights (the same on every rank) or None."""
     scenario = SCENARIOS[name]
-    gen = torch.Generator().manual_seed(_seed(name, ep))
-    num_experts, tokens = ep * LOCAL_EXPERTS, scenario.tokens
+    return inputs_for(scenario, ep, _seed(name, ep), scenario.tokens)
+
+
+def inputs_for(scenario: Scenario, ep: int, seed: int, tokens: int) -> dict:
+    """make_inputs for any scenario, seed and T (the property tests draw them)."""
+    gen = torch.Generator().manual_seed(seed)
+    num_experts = ep * LOCAL_EXPERTS
 
     def weight(*shape):  # nn.Linear-like init: each output is ~N(0, |input|^2 / fan_in)
         return (torch.randn(*shape, generator=gen) / shape[-1] ** 0.5).bfloat16()
 
-    top = _routing(scenario, ep, gen)
+    top = _routing(scenario, ep, tokens, gen)
     rw = torch.where(is_invalid(top, ep), INVALID_WEIGHT, _router_weights(top.shape, gen))
     inputs = {
         "top": top,
