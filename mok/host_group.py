@@ -22,7 +22,12 @@ import torch
 
 
 class HostGroupError(RuntimeError):
-    """A rank of a one-process EP group failed, or the ranks fell out of step."""
+    """A rank of a one-process EP group failed, or the ranks fell out of step. `released` is True
+    for what a rank sees when the group's rendezvous was broken by another rank's error."""
+
+    def __init__(self, message: str, *, released: bool = False):
+        super().__init__(message)
+        self.released = released
 
 
 class HostGroup:
@@ -31,7 +36,7 @@ class HostGroup:
     def __init__(self, size: int, device: torch.device, timeout_s: float):
         self.size, self.device, self.timeout_s = size, device, timeout_s
         self._rendezvous = threading.Barrier(size, timeout=timeout_s)
-        self._slots: list[torch.Tensor | None] = [None] * size
+        self._slots: list[tuple[str, torch.Tensor] | None] = [None] * size
         self._thread = threading.local()
         self.comm_streams: list[torch.cuda.Stream] = []
         if device.type == "cuda":
@@ -68,7 +73,8 @@ class HostGroup:
             raise HostGroupError(
                 f"rank {self.rank} of a one-device EP group of {self.size}: another rank failed "
                 f"or did not reach the same collective within {self.timeout_s} s (every rank "
-                "must call the same mok functions in the same order)"
+                "must call the same mok functions in the same order)",
+                released=True,
             ) from None
 
     def lockstep(self, launch) -> None:
@@ -82,20 +88,22 @@ class HostGroup:
             raise
         self.wait()
 
-    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+    def all_gather(self, tensor: torch.Tensor, label: str) -> torch.Tensor:
         """[size, *tensor.shape]: every rank's `tensor`, in rank order (a host rendezvous; each
-        rank's stream is synchronised, so its tensor is complete before a peer reads it)."""
+        rank's stream is synchronised, so its tensor is complete before a peer reads it).
+        `label` names what is gathered; ranks that gather different labels, shapes or dtypes
+        are out of step, and every one of them raises."""
         self._synchronize()
-        self._slots[self.rank] = tensor.contiguous()
+        self._slots[self.rank] = (label, tensor.contiguous())
         self.wait()
-        shapes = {tuple(t.shape) for t in self._slots if t is not None}
-        if len(shapes) != 1:
-            self.abort()
+        kinds = {(name, tuple(t.shape), t.dtype) for name, t in self._slots}
+        if len(kinds) != 1:
             raise HostGroupError(
-                f"the ranks of a one-device EP group gathered tensors of different shapes "
-                f"{sorted(shapes)}: every rank must make the same call"
+                "the ranks of a one-device EP group are out of step: they gathered "
+                f"{sorted(map(str, kinds))} at the same point (every rank must call the same "
+                "mok functions in the same order, with the same sizes)"
             )
-        gathered = torch.stack([t.to(tensor.device) for t in self._slots])
+        gathered = torch.stack([t for _, t in self._slots])
         self._synchronize()
         self.wait()  # every rank has read the slots before any rank writes them again
         return gathered

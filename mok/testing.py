@@ -179,12 +179,12 @@ def _workspaces(config, name: str, device, sizes, host: HostGroup) -> list[MoKWo
 
 
 def _raise_first(errors: list[BaseException | None]) -> None:
-    """Raise the error of the lowest rank that failed on its own (a HostGroupError is what the
-    other ranks saw of it), noting which rank it came from."""
+    """Raise the error of the lowest rank that failed on its own (a released HostGroupError is
+    what the other ranks saw of it), noting which rank it came from."""
     failed = [(rank, e) for rank, e in enumerate(errors) if e is not None]
     if not failed:
         return
-    own = [(rank, e) for rank, e in failed if not isinstance(e, HostGroupError)]
+    own = [(rank, e) for rank, e in failed if not getattr(e, "released", False)]
     rank, error = (own or failed)[0]
     error.add_note(f"raised on rank {rank} of a one-device EP group of {len(errors)}")
     raise error

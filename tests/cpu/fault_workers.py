@@ -16,3 +16,18 @@ def create_with_rank_multiplier(rank: int, world_size: int) -> str | None:
     except ValueError as error:
         return str(error)
     return None
+
+
+def gather_out_of_step(rank: int, world_size: int) -> str | None:
+    """Rank 0 gathers its x rows while the others gather d_y rows of the same shape and dtype
+    (ranks out of step); return the ValueError's message (None if the gather passed)."""
+    import torch
+
+    from mok.backends.reference import exchange
+
+    rows = torch.zeros(4, 128, dtype=torch.bfloat16)
+    try:
+        exchange.all_gather(rows, "", "x_buffer" if rank == 0 else "d_y_buffer")
+    except ValueError as error:
+        return str(error)
+    return None

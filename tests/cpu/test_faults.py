@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 from distributed import run_on_ranks
-from fault_workers import create_with_rank_multiplier
+from fault_workers import create_with_rank_multiplier, gather_out_of_step
 
 from mok import MoELayer, ops
 from mok import functional as F
@@ -123,6 +123,14 @@ def test_ranks_with_different_capacity_multipliers_are_refused_at_creation():
     collectives of its first step; creation now compares it on every rank."""
     errors = run_on_ranks(create_with_rank_multiplier, 3, timeout_s=120, collective_timeout_s=60)
     assert all(e and "same MoKConfig.schedule_capacity_multiplier" in e for e in errors), errors
+
+
+def test_ranks_out_of_step_are_an_error_on_every_rank_not_a_mix():
+    """Ranks that exchange different tensors of one shape at the same point once summed one
+    rank's x rows with another's d_y rows (a silently wrong output); every exchange of the
+    reference now compares what each rank exchanges first."""
+    errors = run_on_ranks(gather_out_of_step, 3, timeout_s=120, collective_timeout_s=60)
+    assert all(e and "out of step" in e for e in errors), errors
 
 
 def test_the_originals_call_forms_take_the_workspace_fields(single_rank_group):

@@ -29,6 +29,7 @@ from moe_scenarios import (
 
 from mok import MoKDeviceError
 from mok import functional as F
+from mok.backends.reference import exchange
 from mok.testing import HostGroupError, OneDeviceGroup, waiting_ctas_fit
 
 
@@ -170,6 +171,18 @@ def test_ranks_out_of_step_fail_instead_of_hanging():
             F.build_schedule(ws, config, top, num_local_experts=LOCAL_EXPERTS)
 
     with pytest.raises(HostGroupError, match="did not reach the same collective"):
+        group.run(step)
+
+
+def test_ranks_gathering_different_things_of_one_shape_are_out_of_step():
+    group, _ = _group(2, 8)
+
+    def step(rank, ws):
+        label = "x_buffer" if rank == 0 else "d_y_buffer"
+        rows = torch.zeros(4, dtype=torch.int32)
+        exchange.pull_rows(ws.x_buffer, rows, rows, TOPK, ws.host_group, label)
+
+    with pytest.raises(HostGroupError, match="out of step"):
         group.run(step)
 
 

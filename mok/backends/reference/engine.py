@@ -39,7 +39,7 @@ class ReferenceEngine:
     # `sync` change nothing here.
     def pull(self, name: str, schedule, background=False, *, sync=(True, True)) -> torch.Tensor:
         source = self.buffers[name]
-        return exchange.pull_rows(source, schedule[0], schedule[1], self.topk, self.group)
+        return exchange.pull_rows(source, schedule[0], schedule[1], self.topk, self.group, name)
 
     def pull_rounded(self, name: str, schedule, gemm, background=False, *, sync=(True, True)):
         rounded = gemm.mx_round_both(self.pull(name, schedule))
@@ -59,7 +59,7 @@ class ReferenceEngine:
         for rows, name in pushes:
             destination = self.buffers[name].view(-1, *rows.shape[1:])
             exchange.push_rows(rows, schedule.peer_rank, schedule.peer_token_idx, destination,
-                               self.group)  # fmt: skip
+                               self.group, name)  # fmt: skip
 
     @staticmethod
     def join() -> None:

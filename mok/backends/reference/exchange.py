@@ -9,6 +9,8 @@ mok.host_group.HostGroup of a group whose ranks are threads of one process (mok.
 
 from __future__ import annotations
 
+import zlib
+
 import torch
 import torch.distributed as dist
 
@@ -28,19 +30,38 @@ def rank_in(group: str | HostGroup) -> int:
     return dist.get_rank(resolve_group(group))
 
 
-def all_gather(tensor: torch.Tensor, group: str | HostGroup) -> torch.Tensor:
-    """[EP, *tensor.shape]: every rank's tensor, in rank order."""
+def all_gather(tensor: torch.Tensor, group: str | HostGroup, label: str = "") -> torch.Tensor:
+    """[EP, *tensor.shape]: every rank's tensor, in rank order. `label` names what is exchanged:
+    every rank must gather the same label, shape and dtype at the same point, so ranks whose
+    calls fell out of step raise the same ValueError on every rank instead of mixing different
+    tensors (or crashing on different sizes); "" names nothing but the shape and dtype."""
     if isinstance(group, HostGroup):
-        return group.all_gather(tensor)
+        return group.all_gather(tensor, label)
     group = resolve_group(group)
     raw = tensor.contiguous().view(torch.uint8)
+    _check_in_step(raw, label, tensor, group)
     parts = [torch.empty_like(raw) for _ in range(dist.get_world_size(group))]
     dist.all_gather(parts, raw, group=group)
     return torch.stack(parts).view(tensor.dtype)
 
 
+def _check_in_step(raw: torch.Tensor, label: str, tensor: torch.Tensor, group) -> None:
+    """One small collective before the exchange: every rank's (label, shape, dtype) digest."""
+    what = f"{label} {list(tensor.shape)} {tensor.dtype}"
+    mine = torch.tensor([zlib.crc32(what.encode()), raw.numel()], dtype=torch.int64)
+    mine = mine.to(raw.device)
+    headers = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(headers, mine, group=group)
+    if any(not torch.equal(h, mine) for h in headers):
+        raise ValueError(
+            f"the ranks of the EP group are out of step: this rank (rank {dist.get_rank(group)}) "
+            f"exchanges {what} while another rank exchanges something else (every rank must "
+            "call the same mok functions in the same order, with the same sizes)"
+        )
+
+
 def all_gather_top_experts(top_experts: torch.Tensor, buffer: torch.Tensor, group):
-    gathered = all_gather(top_experts, group)
+    gathered = all_gather(top_experts, group, "routing")
     # Checked after the collective, which every rank joins, so a bad buffer cannot hang a peer;
     # copy_ would broadcast one rank's routing over a buffer sized for more ranks.
     if gathered.shape != buffer.shape:
@@ -52,9 +73,10 @@ def all_gather_top_experts(top_experts: torch.Tensor, buffer: torch.Tensor, grou
     buffer.copy_(gathered)
 
 
-def pull_rows(source: torch.Tensor, peer_rank, peer_token_idx, topk: int, group):
-    """Dispatch: row i = source[peer_rank[i]][peer_token_idx[i] // topk]; zero on padding rows."""
-    everyone = all_gather(source, group)
+def pull_rows(source: torch.Tensor, peer_rank, peer_token_idx, topk: int, group, label=""):
+    """Dispatch: row i = source[peer_rank[i]][peer_token_idx[i] // topk]; zero on padding rows.
+    `label` names the source (all_gather)."""
+    everyone = all_gather(source, group, label)
     rank = peer_rank.to(torch.int64).clamp(min=0)
     token = peer_token_idx.to(torch.int64).clamp(min=0) // topk
     rows = everyone[rank, token]
@@ -64,22 +86,23 @@ def pull_rows(source: torch.Tensor, peer_rank, peer_token_idx, topk: int, group)
 
 def pull_router_weights(weights: torch.Tensor, peer_rank, peer_token_idx, group):
     """Reverse-combine helper: the fp32 router weight of each schedule row (0 on padding)."""
-    everyone = all_gather(weights.reshape(-1), group)
+    everyone = all_gather(weights.reshape(-1), group, "router weights")
     rank = peer_rank.to(torch.int64).clamp(min=0)
     flat = peer_token_idx.to(torch.int64).clamp(min=0)
     return torch.where(peer_rank >= 0, everyone[rank, flat], 0.0)
 
 
-def push_rows(rows: torch.Tensor, peer_rank, peer_token_idx, destination: torch.Tensor, group):
+def push_rows(rows: torch.Tensor, peer_rank, peer_token_idx, destination: torch.Tensor, group,
+              label: str = "rows"):  # fmt: skip
     """Combine: row i goes to `destination[peer_token_idx[i]]` on rank `peer_rank[i]`.
 
     Every route is scheduled on exactly one rank, so each destination row has one writer;
     rows nobody sends (invalid expert ids, capacity overflow) are zero.
     """
     me = rank_in(group)
-    all_rows = all_gather(rows, group).flatten(0, 1)
-    all_rank = all_gather(peer_rank, group).flatten()
-    all_token = all_gather(peer_token_idx, group).flatten().to(torch.int64)
+    all_rows = all_gather(rows, group, label).flatten(0, 1)
+    all_rank = all_gather(peer_rank, group, f"{label} ranks").flatten()
+    all_token = all_gather(peer_token_idx, group, f"{label} slots").flatten().to(torch.int64)
     slots = destination.shape[0]
     target = torch.where(all_rank == me, all_token, slots)
     landing = torch.zeros(slots + 1, *rows.shape[1:], dtype=rows.dtype, device=rows.device)

@@ -45,7 +45,7 @@ def combine_status(workspace, num_local_experts: int) -> None:
     different num_local_experts raise here, on every rank alike: the reference's collectives
     would otherwise meet tensors of different sizes (the CUDA backend records RANKS_DISAGREE)."""
     mine = device_status.word(workspace.status, num_local_experts)
-    gathered = exchange.all_gather(mine, group_of(workspace))
+    gathered = exchange.all_gather(mine, group_of(workspace), "status")
     experts = gathered[:, 1].tolist()
     if len(set(experts)) > 1:
         raise ValueError(
