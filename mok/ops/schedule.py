@@ -6,6 +6,7 @@ import torch
 from torch.library import custom_op
 
 from mok import backends
+from mok import status as device_status
 from mok._arguments import check_multiple, check_range, check_tensor
 
 
@@ -75,8 +76,12 @@ def schedule_op(
     rank: int,
     status: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`schedule` with its status word (int32 [1]) given."""
+    """`schedule` with its status word (int32 [1]) given. An id at or past EP * E (or below -1,
+    which marks a route already found invalid) is skipped and recorded as INVALID_EXPERT_ID."""
     _check_schedule_args(topk_all, num_local_experts, schedule_capacity, rank)
+    num_experts = topk_all.shape[0] * num_local_experts
+    invalid = (topk_all >= num_experts) | (topk_all < -1)
+    device_status.record(status, device_status.INVALID_EXPERT_ID, invalid)
     backend = backends.for_device(topk_all.device)
     return backend.schedule(topk_all, num_local_experts, schedule_capacity, rank, status)
 

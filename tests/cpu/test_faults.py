@@ -133,6 +133,18 @@ def test_ranks_out_of_step_are_an_error_on_every_rank_not_a_mix():
     assert all(e and "out of step" in e for e in errors), errors
 
 
+@pytest.mark.parametrize(("bad_id", "recorded"), [(8, True), (-2, True), (-1, False)])
+def test_ops_schedule_records_an_id_outside_the_group(bad_id, recorded):
+    """ops.schedule once skipped ids >= EP * E without a word; -1 marks a route that
+    build_schedule already found invalid (and recorded)."""
+    topk_all = torch.zeros(2, 4, 1, dtype=torch.int32)  # EP 2, T 4, k 1; E 4: ids 0-7
+    topk_all[1, 2, 0] = bad_id
+    status = torch.zeros(1, dtype=torch.int32)
+    rows = ops.schedule(topk_all, 4, 2048, 0, status)
+    assert bool(int(status) & 1) == recorded
+    assert int((rows[0] >= 0).sum()) == 7, "the other routes are still scheduled"
+
+
 def test_the_originals_call_forms_take_the_workspace_fields(single_rank_group):
     """The original's code passes the workspace's multicast fields to the ops, which take an
     int (they once held None: a schema error), and builds MoKWorkspace from its own fields

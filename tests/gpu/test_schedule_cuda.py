@@ -340,3 +340,17 @@ def test_timing(seed, capsys):
             f"{torch.cuda.get_device_name()}: {kernel_us:.1f} us per call (eager), "
             f"{graph_us:.1f} us (CUDA graph replay), reference {reference_us:.0f} us"
         )
+
+
+@pytest.mark.parametrize(("bad_id", "recorded"), [(8, True), (-2, True), (-1, False)])
+def test_ops_schedule_records_an_id_outside_the_group(bad_id, recorded):
+    """The flat op on the CUDA backend: an id at or past EP * E is skipped and recorded (it was
+    skipped without a word); -1 marks a route build_schedule already recorded."""
+    from mok import ops
+
+    topk_all = torch.zeros(2, 4, 1, dtype=torch.int32, device="cuda")  # EP 2, E 4: ids 0-7
+    topk_all[1, 2, 0] = bad_id
+    word = torch.zeros(1, dtype=torch.int32, device="cuda")
+    rows = ops.schedule(topk_all, 4, 2048, 0, word)
+    assert bool(int(word) & status.INVALID_EXPERT_ID) == recorded
+    assert int((rows[0] >= 0).sum()) == 7, "the other routes are still scheduled"
