@@ -342,6 +342,7 @@ def test_timing(seed, capsys):
         )
 
 
+@requires_module
 @pytest.mark.parametrize(("bad_id", "recorded"), [(8, True), (-2, True), (-1, False)])
 def test_ops_schedule_records_an_id_outside_the_group(bad_id, recorded):
     """The flat op on the CUDA backend: an id at or past EP * E is skipped and recorded (it was
