@@ -214,7 +214,7 @@ def _step(ws, config, scenario: Scenario, inputs: dict, rank: int):
     return {"out": out, "grads": dict(zip(GRAD_NAMES, grads, strict=True))}, schedule, ctx
 
 
-def _status(ws) -> str | None:
+def status_message(ws) -> str | None:
     """The MoKDeviceError message check_status raises, or None; any other exception propagates."""
     try:
         F.check_status(ws)
@@ -234,7 +234,7 @@ def _invalid_extras(ws, config, scenario: Scenario, inputs: dict, rank: int, ep:
     }
     twin_inputs = dict(inputs, rw=torch.where(is_invalid(inputs["top"], ep), 0.0, inputs["rw"]))
     extras["twin"] = _step(ws, config, scenario, twin_inputs, rank)[0]
-    _status(ws)  # the twin recorded the invalid ids again: leave a clean status behind
+    status_message(ws)  # the twin recorded the invalid ids again: leave a clean status behind
     return extras
 
 
@@ -251,8 +251,8 @@ def _run_scenario(rank: int, ep: int, name: str, workspaces: dict) -> dict:
     result["schedule"] = dict(zip(SCHEDULE_FIELDS, schedule.as_tuple(), strict=True))
     if scenario.mode == "bf16":
         result["x_routed"] = ctx.x_routed.clone()
-    result["status"] = _status(ws)
-    result["status_after_check"] = _status(ws)
+    result["status"] = status_message(ws)
+    result["status_after_check"] = status_message(ws)
     if scenario.routing == "invalid":
         result.update(_invalid_extras(ws, config, scenario, inputs, rank, ep))
     if name in REPEATED.values():

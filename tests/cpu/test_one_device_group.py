@@ -25,9 +25,9 @@ from moe_scenarios import (
     TOPK,
     _step,
     make_inputs,
+    status_message,
 )
 
-from mok import MoKDeviceError
 from mok import functional as F
 from mok.backends.reference import exchange
 from mok.testing import HostGroupError, OneDeviceGroup, waiting_ctas_fit
@@ -41,14 +41,6 @@ def _group(ep: int, tokens: int, **config_kwargs) -> tuple[OneDeviceGroup, F.MoK
     return group, config
 
 
-def _status(ws) -> str | None:
-    try:
-        F.check_status(ws)
-    except MoKDeviceError as error:
-        return str(error)
-    return None
-
-
 def _run_scenario(ep: int, name: str) -> list[dict]:
     scenario = SCENARIOS[name]
     inputs = make_inputs(name, ep)
@@ -57,7 +49,7 @@ def _run_scenario(ep: int, name: str) -> list[dict]:
     def step(rank, ws):
         result, schedule, _ = _step(ws, config, scenario, inputs, rank)
         result["schedule"] = dict(zip(SCHEDULE_FIELDS, schedule.as_tuple(), strict=True))
-        result["status"] = _status(ws)
+        result["status"] = status_message(ws)
         return result
 
     return group.run(step)
@@ -101,7 +93,7 @@ def test_invalid_ids_of_one_rank_are_every_ranks_verdict():
         if rank == 2:
             top[3, 1] = 4 * LOCAL_EXPERTS  # one id past the last expert, on rank 2 only
         F.build_schedule(ws, config, top, num_local_experts=LOCAL_EXPERTS)
-        return _status(ws), _status(ws)
+        return status_message(ws), status_message(ws)
 
     verdicts = group.run(step)
     assert all(first and "expert id outside" in first for first, _ in verdicts), verdicts
@@ -116,7 +108,7 @@ def test_capacity_overflow_is_every_ranks_verdict():
         top = torch.zeros(512, TOPK, dtype=torch.int64)
         top[:, 1] = 1
         F.build_schedule(ws, config, top, num_local_experts=LOCAL_EXPERTS)
-        return _status(ws)
+        return status_message(ws)
 
     verdicts = group.run(step)
     assert all(v and "schedule capacity" in v for v in verdicts), verdicts

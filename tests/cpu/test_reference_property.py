@@ -24,9 +24,9 @@ from moe_scenarios import (
     _step,
     inputs_for,
     is_invalid,
+    status_message,
 )
 
-from mok import MoKDeviceError
 from mok import functional as F
 from mok.testing import OneDeviceGroup
 
@@ -50,11 +50,7 @@ def _run(scenario: Scenario, ep: int, tokens: int, inputs: dict) -> list[dict]:
 
     def step(rank, ws):
         result = _step(ws, config, scenario, inputs, rank)[0]
-        try:
-            F.check_status(ws)
-            result["status"] = None
-        except MoKDeviceError as error:
-            result["status"] = str(error)
+        result["status"] = status_message(ws)
         return result
 
     return group.run(step)
