@@ -8,7 +8,7 @@ Every product accumulates in fp32 and is rounded to bf16 exactly where a kernel 
 
 | stored tensor     | BF16 mode                   | MXFP8 mode (q(v) = dequant(quant(v)))   |
 |-------------------|-----------------------------|-----------------------------------------|
-| gate, up          | bf16(x @ W^T)               | bf16(q_H(x) @ q_H(W)^T), saved as MXFP8 |
+| gate, up          | bf16(x @ W^T)               | bf16(q_H(x) @ q_H(W)^T), saved as MXFP8*|
 | hidden            | bf16(silu(min(g,L))*clamp u)| same; saved transposed as MXFP8         |
 | y (expert output) | bf16(hidden @ W_d^T)        | bf16(q_I(hidden) @ q_I(W_d)^T)          |
 | d_h (unscaled)    | d_out @ W_d                 | q_H(d_out) @ q_H(W_d^T)^T               |
@@ -18,6 +18,7 @@ Every product accumulates in fp32 and is rounded to bf16 exactly where a kernel 
 | d_W_gate, d_W_up  | bf16(d_gate^T x)            | bf16(q_T(d_gate)^T q_T(x))              |
 | d_W_down          | bf16(d_out^T bf16(rw * hidden)) | bf16(q_T(bf16(rw * d_out))^T q_T(hidden)) |
 
+*on the clamp's side with a limit (mxfp8.keep_limit_side; docs/mxfp8.md, "The clamp's side").
 q_H / q_I quantize along the hidden / intermediate dim (the GEMM's reduction dim), q_T along
 rows (tokens), the reduction dim of the weight gradients. The shared expert is always BF16.
 """
@@ -154,6 +155,9 @@ class ExpertEngine:
         hidden_q, hidden_t = self.mx_round_both(hidden)
         gate_q = self.quantize(gate, True, False)[:2]
         up_q = self.quantize(up, True, False)[:2]
+        if limit is not None:  # the backward's clamp decision must be the forward's
+            gate_q = mxfp8.keep_limit_side(gate_q, gate, limit, both_signs=False)
+            up_q = mxfp8.keep_limit_side(up_q, up, limit, both_signs=True)
         return hidden_q, hidden_t, gate_q, up_q
 
     def linears(self, a: torch.Tensor, weights) -> list[torch.Tensor]:

@@ -245,3 +245,30 @@ def _check_blocked_float(name: str, value: object) -> None:
     if value.dim() == 0:
         raise ValueError(f"`{name}` must be bf16 or float32 [..., C], got {describe(value)}")
     check_multiple(f"{name}.shape[-1] (C)", value.shape[-1], BLOCK)
+
+
+def keep_limit_side(
+    pair: tuple[torch.Tensor, torch.Tensor], values: torch.Tensor, limit: float, both_signs: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The MXFP8 `pair` of `values` with every element on the side of `limit` its value is on.
+
+    The SwiGLU backward decides from the forward's saved MXFP8 gate and up where the clamp was
+    active (gate > L; |up| > L with `both_signs`); rounding to nearest can carry a value just
+    above L onto it, or one just below across it, and the backward would then decide otherwise
+    than the forward did. Such elements take the neighbouring E4M3 code on the value's side
+    instead (one step in magnitude; the block scale is unchanged, and E4M3 codes of one sign are
+    ordered by magnitude); docs/mxfp8.md, "The clamp's side".
+    """
+    data, scales = pair
+    stored = dequantize(data, scales)
+    value = values.float()
+    if both_signs:
+        stored, value = stored.abs(), value.abs()
+    codes = data.view(torch.uint8).to(torch.int16)
+    magnitude = codes & 0x7F
+    # 0x7E (448) has no larger finite neighbour: only an inf input saturates there, and its
+    # block's scale makes the stored value inf, on the inf's side already.
+    up = (value > limit) & (stored <= limit) & (magnitude < 0x7E)
+    down = (value <= limit) & (stored > limit) & (magnitude > 0)
+    codes = codes + up.to(torch.int16) - down.to(torch.int16)
+    return codes.to(torch.uint8).view(torch.float8_e4m3fn), scales

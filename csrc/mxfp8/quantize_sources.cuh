@@ -247,9 +247,12 @@ struct SwigluSource {
     }
     const int64_t offset = chunk_offset(p, t, row, chunk);
     const int e_gate = row_chunk_scale(gate).e;
-    store_row_chunk(p.gate_q, offset, row, chunk, gate, e_gate, s.gate_scale);
+    // With a limit, the saved gate and up keep their side of it (keep_limit_side).
+    constexpr LimitSide kGateSide = kLimit ? kUpperLimit : kNoLimit;
+    constexpr LimitSide kUpSide = kLimit ? kBothLimits : kNoLimit;
+    store_row_chunk<kGateSide>(p.gate_q, offset, row, chunk, gate, e_gate, s.gate_scale, p.limit);
     const int e_up = row_chunk_scale(up).e;
-    store_row_chunk(p.up_q, offset, row, chunk, up, e_up, s.up_scale);
+    store_row_chunk<kUpSide>(p.up_q, offset, row, chunk, up, e_up, s.up_scale, p.limit);
     if (pass + kSlots < kPasses) load(p, t, pass + kSlots);
   }
 

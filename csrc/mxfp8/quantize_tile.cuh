@@ -130,12 +130,54 @@ __device__ __forceinline__ BlockScale row_chunk_scale(uint32_t (&w)[kWordsPerChu
   return {e, fast_floor_bits(e, has_nan)};
 }
 
+// Which side of the SwiGLU limit a stored element must keep (keep_limit_side): none, gate's
+// (x > L is clamped) or up's (|x| > L is clamped).
+enum LimitSide : int { kNoLimit, kUpperLimit, kBothLimits };
+
+// mok.mxfp8.keep_limit_side on the 16 E4M3 bytes of a row chunk quantized with exponent e:
+// where rounding to nearest carried an element across the limit, it takes the neighbouring
+// code on its value's side (codes of one sign are ordered by magnitude), so the backward's
+// clamp decision, read from the saved MXFP8 gate and up, is the forward's. Rounding moves a
+// value by at most half E4M3's spacing, below max(|x| / 8, 2^(e-9)) / 2, so only elements that
+// near the limit are decoded.
+template <bool kBothSigns>
+__device__ __forceinline__ uint4 keep_limit_side(uint4 bytes, const uint32_t (&w)[kWordsPerChunk],
+                                                 int e, float limit) {
+  const float scale = exponent_value(static_cast<uint32_t>(e + kMaxExponent));
+  const float window = fmaxf(limit * 0.125f, scale * 0.001953125f);
+  uint32_t word[4] = {bytes.x, bytes.y, bytes.z, bytes.w};
+#pragma unroll
+  for (int i = 0; i < 16; ++i) {
+    const float element = RowElement{w}(i);
+    const float value = kBothSigns ? fabsf(element) : element;
+    if (!(fabsf(value - limit) <= window)) continue;
+    const int shift = 8 * (i % 4);
+    const uint32_t code = (word[i / 4] >> shift) & 0xffu;
+    const __half_raw raw =
+        __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(code), __NV_E4M3);
+    const float decoded = __fmul_rn(__half2float(__half(raw)), scale);
+    const float stored = kBothSigns ? fabsf(decoded) : decoded;
+    const uint32_t magnitude = code & 0x7fu;
+    const bool up = value > limit && stored <= limit && magnitude < 0x7eu;
+    const bool down = value <= limit && stored > limit && magnitude > 0u;
+    const uint32_t next = code + (up ? 1u : 0u) - (down ? 1u : 0u);
+    word[i / 4] = (word[i / 4] & ~(0xffu << shift)) | (next << shift);
+  }
+  return make_uint4(word[0], word[1], word[2], word[3]);
+}
+
 // Stores a row chunk quantized with exponent e at element `offset` of `pair` and stages its
-// scale byte (one thread per block) at the chunk's swizzled place in the tile's scales.
+// scale byte (one thread per block) at the chunk's swizzled place in the tile's scales; kSide:
+// the elements keep their side of `limit` (keep_limit_side).
+template <LimitSide kSide = kNoLimit>
 __device__ __forceinline__ void store_row_chunk(const Pair& pair, int64_t offset, int row,
                                                 int chunk, const uint32_t (&w)[kWordsPerChunk],
-                                                int e, uint8_t* s_scale) {
-  store16(pair.data + offset, quantize16(RowElement{w}, inverse_scale(e)));
+                                                int e, uint8_t* s_scale, float limit = 0.0f) {
+  uint4 bytes = quantize16(RowElement{w}, inverse_scale(e));
+  if constexpr (kSide != kNoLimit) {
+    bytes = keep_limit_side<kSide == kBothLimits>(bytes, w, e, limit);
+  }
+  store16(pair.data + offset, bytes);
   if ((chunk & 1) == 0) s_scale[swizzled_scale_offset(row, chunk / 2)] = e + kMaxExponent;
 }
 

@@ -121,17 +121,40 @@ def mx(t: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """MXFP8 quantize-dequantize along `dim` (OCP MX, DESIGN.md §4): per 32 elements a scale
     2^clamp(ceil(log2(amax / 448)), -127, 127), elements E4M3 round-to-nearest-even, saturated.
     Rows past a multiple of 32 along `dim` are treated as zero padding."""
-    moved = t.movedim(dim, -1)
-    length = moved.shape[-1]
-    moved = F.pad(moved, (0, -length % MX_BLOCK))
-    blocks = moved.unflatten(-1, (-1, MX_BLOCK))
-    amax = blocks.abs().amax(-1, keepdim=True)
-    exponent = torch.ceil(torch.log2(amax / E4M3_MAX)).clamp(-127, 127)
-    scale = torch.where(amax > 0, torch.exp2(exponent), 1.0)
+    scale, blocks, length = _mx_blocks(t.movedim(dim, -1))
     # The operands are bf16 values, exact in fp32, whose fp32 -> E4M3 cast rounds to nearest even.
     elements = (blocks / scale).clamp(-E4M3_MAX, E4M3_MAX).float().to(torch.float8_e4m3fn)
     dequantized = (elements.double() * scale).flatten(-2)[..., :length]
     return dequantized.movedim(-1, dim)
+
+
+def _mx_blocks(t: torch.Tensor):
+    """(each block's scale [..., blocks, 1], t's blocks of 32 along its last dim, t's length)."""
+    length = t.shape[-1]
+    blocks = F.pad(t, (0, -length % MX_BLOCK)).unflatten(-1, (-1, MX_BLOCK))
+    amax = blocks.abs().amax(-1, keepdim=True)
+    exponent = torch.ceil(torch.log2(amax / E4M3_MAX)).clamp(-127, 127)
+    return torch.where(amax > 0, torch.exp2(exponent), 1.0), blocks, length
+
+
+# E4M3's non-negative finite values in ascending order (codes 0x00-0x7E).
+E4M3_GRID = torch.arange(0x7F, dtype=torch.uint8).view(torch.float8_e4m3fn).double()
+
+
+def mx_saved(t: torch.Tensor, limit: float, both_signs: bool) -> torch.Tensor:
+    """mx(t) as the forward saves gate (`both_signs` False) and up for the backward's clamp:
+    an element whose nearest E4M3 value lies across L from it (gate: on the other side of L;
+    up: of |x| = L) takes E4M3's next value on its own side instead, in its block's scale."""
+    nearest = mx(t)
+    value, stored = (t.abs(), nearest.abs()) if both_signs else (t, nearest)
+    limit_32 = float(torch.tensor(limit, dtype=torch.float32))
+    up = (value > limit_32) & (stored <= limit_32)
+    down = (value <= limit_32) & (stored > limit_32)
+    scale, _, length = _mx_blocks(t)
+    scale = scale.expand(*scale.shape[:-1], MX_BLOCK).flatten(-2)[..., :length]
+    index = torch.searchsorted(E4M3_GRID, nearest.abs() / scale)
+    moved = E4M3_GRID[(index + up.long() - down.long()).clamp(0, len(E4M3_GRID) - 1)] * scale
+    return torch.where(up | down, torch.sign(t) * moved, nearest)
 
 
 def _keep(t: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -158,7 +181,10 @@ def _expert_backward(x, d_out, rw, saved, weights, limit, q):
     d_h = q(d_out) @ q(down_w.T).T
     hidden_rows = q(hidden, 0)
     d_rw = (d_h * hidden_rows).sum(-1)
-    d_gate, d_up = (bf16(d) for d in _swiglu_vjp(q(gate), q(up), rw[:, None] * d_h, limit))
+    saved_gate, saved_up = q(gate), q(up)
+    if q is mx and limit is not None:  # the saved pairs keep their side of the clamp
+        saved_gate, saved_up = mx_saved(gate, limit, False), mx_saved(up, limit, True)
+    d_gate, d_up = (bf16(d) for d in _swiglu_vjp(saved_gate, saved_up, rw[:, None] * d_h, limit))
     d_x = bf16(q(d_gate) @ q(gate_w.T).T + q(d_up) @ q(up_w.T).T)
     if q is _keep:  # BF16 scales hidden's rows, MXFP8 d_out's (reference_experts' table)
         d_w_down = d_out.T @ bf16(rw[:, None] * hidden)

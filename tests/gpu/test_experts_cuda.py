@@ -12,6 +12,7 @@ import pytest
 import torch
 from gpu_helpers import module_seed, requires_gpu_module
 
+from mok import mxfp8 as format_reference
 from mok.backends.cuda import elementwise as cuda_experts
 from mok.backends.cuda import extension, mxfp8
 from mok.experts import ExpertEngine
@@ -88,13 +89,22 @@ def test_scale_rows(case, seed):
 @pytest.mark.parametrize("case", CASES[:4], ids=IDS[:4])  # rows in MXFP8's 128-row tiles
 def test_swiglu_mxfp8_is_the_unfused_steps_bit_for_bit(case, seed):
     """The fused SwiGLU + MXFP8 pass writes exactly what the SwiGLU kernel, the rounding of
-    hidden (with its transposed pair) and the quantization of gate and up write."""
+    hidden (with its transposed pair) and the quantization of gate and up write; with a limit,
+    gate and up keep their side of it (mok.mxfp8.keep_limit_side, issue 48 cause 2)."""
     limit = case[3]
     _, _, gate, up, num_tokens = _data(case, seed)
     hidden_q, hidden_t, gate_q, up_q = cuda_experts.swiglu_mxfp8(gate, up, num_tokens, limit)
     hidden = cuda_experts.swiglu(gate, up, num_tokens, limit)
     want_q, want_t = mxfp8.mxfp8_round(hidden, transposed=True)
-    want = [want_q, *want_t, *mxfp8.mxfp8_quantize(gate)[:2], *mxfp8.mxfp8_quantize(up)[:2]]
+    want_gate, want_up = mxfp8.mxfp8_quantize(gate)[:2], mxfp8.mxfp8_quantize(up)[:2]
+    if limit is not None:
+        nearest = want_gate[0].clone(), want_up[0].clone()
+        want_gate = format_reference.keep_limit_side(want_gate, gate, limit, both_signs=False)
+        want_up = format_reference.keep_limit_side(want_up, up, limit, both_signs=True)
+        moved = sum(int((a.view(torch.uint8) != b[0].view(torch.uint8)).sum())
+                    for a, b in zip(nearest, (want_gate, want_up), strict=True))  # fmt: skip
+        assert moved > 0, "the data must carry some element across the limit"
+    want = [want_q, *want_t, *want_gate, *want_up]
     got = [hidden_q, *hidden_t, *gate_q, *up_q]
     names = ["hidden", "hidden_t", "hidden_scale_t", "gate_q", "gate_scale", "up_q", "up_scale"]
     for name, g, w in zip(names, got, want, strict=True):
