@@ -320,7 +320,7 @@ def backward(
     d_x = epilogue(out[0], ws.d_x_routed_buffer, ws.topk)
     d_router_weights = ws.d_router_weight_buffer.clone()
     _debug_check(ws)
-    return (d_x, d_router_weights, out[9], out[11], out[13], out[8], out[10], out[12])
+    return (d_x, d_router_weights, out[10], out[12], out[14], out[9], out[11], out[13])
 
 
 def _backward_pass(ws, schedule, ctx, grad_output, x, router_weights, shared, routed, limit,

@@ -111,10 +111,11 @@ def backward(engine, d_y, shared, routed, saved, shared_saved, x, schedule, limi
     elementwise inputs (the scaled d_out rows); in MXFP8 the pulls always run in the
     background, beside the dequantization of the saved tensors (and of the weights, for
     engines whose GEMMs do not read them as stored), which then comes before the shared
-    expert's work. Returns (d_x_shared, d_x_routed,
-    d_gate_shared, d_gate_routed, d_up_shared, d_up_routed, d_hidden_shared, d_hidden_routed,
-    d_w_shared_gate, d_w_routed_gate, d_w_shared_up, d_w_routed_up, d_w_shared_down,
-    d_w_routed_down).
+    expert's work. Returns, in the order of the original's BF16 fused op, (d_x_shared,
+    d_x_routed, d_gate_shared, d_gate_routed, d_up_shared, d_up_routed, d_hidden_shared,
+    d_hidden_routed, d_y_routed, d_w_shared_gate, d_w_routed_gate, d_w_shared_up, d_w_routed_up,
+    d_w_shared_down, d_w_routed_down); d_y_routed: the d_out rows the d_h GEMM read (MXFP8:
+    their q_H rounding).
     """
     overlap = overlaps_shared(shared, engine.topk)
     rows = schedule.as_tuple()
@@ -136,7 +137,9 @@ def backward(engine, d_y, shared, routed, saved, shared_saved, x, schedule, limi
     )
     engine.join()
     if mxfp8:
-        routed_out = experts.backward_mxfp8(d_out(), rw_rows, inputs, gemm, limit)
+        d_out_rounded = d_out()
+        d_out_rows = d_out_rounded[0]  # the rows the d_h GEMM reads: q_H(d_out)
+        routed_out = experts.backward_mxfp8(d_out_rounded, rw_rows, inputs, gemm, limit)
     else:
         routed_out = experts.backward_bf16(d_out_rows, rw_rows, *saved, routed, gemm, limit)
     (d_x_r, d_rw, d_gate_r, d_up_r, d_hidden_r), routed_weight_grads = routed_out
@@ -148,6 +151,6 @@ def backward(engine, d_y, shared, routed, saved, shared_saved, x, schedule, limi
     engine.hand_back_pushed()
     d_w_gate, d_w_up, d_w_down = routed_weight_grads()
     return (
-        d_x_s, d_x_r, d_gate_s, d_gate_r, d_up_s, d_up_r, d_hidden_s, d_hidden_r,
+        d_x_s, d_x_r, d_gate_s, d_gate_r, d_up_s, d_up_r, d_hidden_s, d_hidden_r, d_out_rows,
         d_wg_s, d_w_gate, d_wu_s, d_w_up, d_wd_s, d_w_down,
     )  # fmt: skip

@@ -1,11 +1,19 @@
-"""The backward fused passes as custom ops (re-exported by `mok.ops`).
+"""The backward fused passes as custom ops (re-exported by `mok.ops`), returning what the
+original's return, in its order (API.md):
 
-Outputs of both modes: d_x_shared, d_x_routed [C, H], d_gate_shared, d_gate_routed,
-d_up_shared, d_up_routed, d_hidden_shared, d_hidden_routed (bf16 [C, I]), d_w_shared_gate,
-d_w_routed_gate, d_w_shared_up, d_w_routed_up, d_w_shared_down, d_w_routed_down (bf16).
+- BF16, 15: d_x_shared, d_x_routed [C, H], d_gate_shared, d_gate_routed, d_up_shared,
+  d_up_routed, d_hidden_shared, d_hidden_routed (bf16 [C, I]), d_y_routed [C, H] (the d_out
+  rows the d_h GEMM read), then the six weight gradients: shared gate, routed gate, shared up,
+  routed up, shared down, routed down (bf16).
+- MXFP8, 18: as BF16, with d_gate_routed, d_up_routed and d_y_routed as MXFP8 (fp8, scale)
+  pairs in the normal layout (blocks along I, I and H: the d_x and d_h GEMMs' reduction dims)
+  of the values those GEMMs read. mok's `routed_gradient_pairs=False` leaves the three pairs
+  0-size (mok.functional needs none of them, so under torch.compile it skips quantizing them).
+
 `d_x_routed_buffer` and `d_router_weight_buffer` of the source ranks receive the pushed
-per-route d_x rows and router-weight gradients; the shared outputs are 0-size tensors without
-a shared expert.
+per-route d_x rows and router-weight gradients; the shared outputs are 0-size tensors without a
+shared expert. The saved routed activations are declared mutated, as the original's are (it
+reuses their memory); mok only reads them.
 """
 
 from __future__ import annotations
@@ -24,28 +32,21 @@ from mok.ops.fused_forward import (
     present,
     trailing_arguments,
 )
+from mok.ops.mxfp8 import mxfp8_quantize
 from mok.schedule import MoKSchedule
 
 _MUTATED = ("d_x_routed_buffer", "d_router_weight_buffer")
-_OUT = tuple[
-    Tensor,
-    Tensor,
-    Tensor,
-    Tensor,
-    Tensor,
-    Tensor,
-    Tensor,
-    Tensor,
-    Tensor,
-    Tensor,
-    Tensor,
-    Tensor,
-    Tensor,
-    Tensor,
-]
+_MUTATED_BF16 = (*_MUTATED, "x_routed", "gate_routed", "up_routed", "hidden_routed")
+_MUTATED_MXFP8 = (*_MUTATED, "x_fp8_t_routed", "x_sc_t_routed", "gate_fp8_routed",
+                  "gate_sc_routed", "up_fp8_routed", "up_sc_routed", "hidden_fp8_t_routed",
+                  "hidden_sc_t_routed")  # fmt: skip
+_OUT_BF16 = tuple[(Tensor,) * 15]
+_OUT_MXFP8 = tuple[(Tensor,) * 18]
+# Where the pairs of the MXFP8 op's outputs come from among mok.passes.backward's 15.
+_PAIRED = (3, 5, 8)
 
 
-@custom_op("mok::dispatch_mlp_swiglu_combine_bwd_bf16", mutates_args=_MUTATED)
+@custom_op("mok::dispatch_mlp_swiglu_combine_bwd_bf16", mutates_args=_MUTATED_BF16)
 def dispatch_mlp_swiglu_combine_bwd_bf16(
     d_y_buffer: Tensor,
     d_y_buffer_ptrs: list[int],
@@ -80,7 +81,7 @@ def dispatch_mlp_swiglu_combine_bwd_bf16(
     macrobatch_size: int,
     minibatch_size: int,
     group_name: str = "",
-) -> _OUT:
+) -> _OUT_BF16:
     """BF16 backward (see the module docstring for the outputs)."""
     schedule = (schedule_peer_rank, schedule_peer_token_idx, num_tokens, tokens_per_expert)
     routed = (w_routed_gate, w_routed_up, w_routed_down)
@@ -110,7 +111,7 @@ def dispatch_mlp_swiglu_combine_bwd_bf16(
     )
 
 
-@custom_op("mok::dispatch_mlp_swiglu_combine_bwd_mxfp8", mutates_args=_MUTATED)
+@custom_op("mok::dispatch_mlp_swiglu_combine_bwd_mxfp8", mutates_args=_MUTATED_MXFP8)
 def dispatch_mlp_swiglu_combine_bwd_mxfp8(
     d_y_buffer: Tensor,
     d_y_buffer_ptrs: list[int],
@@ -156,7 +157,8 @@ def dispatch_mlp_swiglu_combine_bwd_mxfp8(
     macrobatch_size: int,
     minibatch_size: int,
     group_name: str = "",
-) -> _OUT:
+    routed_gradient_pairs: bool = True,
+) -> _OUT_MXFP8:
     """MXFP8 backward (see the module docstring for the outputs)."""
     schedule = (schedule_peer_rank, schedule_peer_token_idx, num_tokens, tokens_per_expert)
     routed = (
@@ -180,7 +182,7 @@ def dispatch_mlp_swiglu_combine_bwd_mxfp8(
     in_context_order = (saved[0], gate_shared, saved[1], up_shared, saved[2], hidden_shared,
                         saved[3])  # fmt: skip
     _check_saved(in_context_order, x, schedule, w_routed_gate, w_shared_gate, mxfp8=True)
-    return _backward(
+    outputs = _backward(
         (d_y_buffer, router_weight_buffer),
         (d_x_routed_buffer, d_router_weight_buffer),
         _shared(w_shared_gate, w_shared_up, w_shared_down),
@@ -194,6 +196,19 @@ def dispatch_mlp_swiglu_combine_bwd_mxfp8(
         group_name,
         True,
     )
+    return _with_pairs(outputs, routed_gradient_pairs)
+
+
+def _with_pairs(outputs, quantize: bool) -> tuple[Tensor, ...]:
+    """The MXFP8 op's 18 outputs from mok.passes.backward's 15: the routed d_gate, d_up and d_y
+    as (fp8, scale) pairs of their normal layout (0-size without `quantize`)."""
+    pairs = {}
+    for i in _PAIRED:
+        values = outputs[i]
+        empty = values.new_empty((0,))
+        pair = mxfp8_quantize(values.bfloat16(), True, False)[:2] if quantize else None
+        pairs[i] = pair or (empty, empty.to(torch.uint8))
+    return tuple(t for i, v in enumerate(outputs) for t in pairs.get(i, (v,)))
 
 
 def _check_saved(saved, x, schedule, w_routed_gate, w_shared_gate, *, mxfp8: bool) -> None:
@@ -222,59 +237,67 @@ def _backward(
 
 def run(config, workspace, schedule, ctx, grad_output, x, router_weights, shared, routed,
         swiglu_limit, mxfp8: bool):  # fmt: skip
-    """mok.passes.backward's outputs (None for an absent shared expert's) for `workspace`'s step,
-    through the fused op (what torch.compile traces); the inputs are copied into the
+    """mok.passes.backward's 15 outputs (None for an absent shared expert's and, in MXFP8, for
+    the routed d_gate, d_up and d_y, which mok.functional does not read) for `workspace`'s
+    step, through the fused op (what torch.compile traces); the inputs are copied into the
     workspace's buffers first."""
     ws = workspace
     ws.d_y_buffer.copy_(grad_output)
     ws.router_weight_buffer.copy_(router_weights)
     ws.x_buffer.copy_(x)
-    head = (ws.d_y_buffer, ws.d_y_buffer_ptrs, ws.d_x_routed_buffer, ws.d_x_routed_buffer_ptrs,
-            ws.router_weight_buffer, ws.router_weight_buffer_ptrs, ws.d_router_weight_buffer,
-            ws.d_router_weight_buffer_ptrs)  # fmt: skip
-    tail = trailing_arguments(config, ws, schedule, swiglu_limit, config.bwd_num_comm_sms)
-    c = ctx
+    args = original_arguments(config, ws, schedule, ctx, shared, routed, swiglu_limit, mxfp8)
     if mxfp8:
-        gate, up, down = routed
-        saved = (*c.x_routed, c.gate_shared, *c.gate_routed, c.up_shared, *c.up_routed,
-                 c.hidden_shared, *c.hidden_routed)  # fmt: skip
-        out = dispatch_mlp_swiglu_combine_bwd_mxfp8(
-            *head, *interleave(shared, gate[2:], up[2:], down), *saved, ws.x_buffer,
-            ws.x_buffer_ptrs, *gate[:2], *up[:2], *tail,
-        )  # fmt: skip
+        out = dispatch_mlp_swiglu_combine_bwd_mxfp8(*args, routed_gradient_pairs=False)
+        out = (*out[:3], None, out[5], None, out[8], out[9], None, *out[12:])
     else:
-        saved = (c.x_routed, c.gate_shared, c.gate_routed, c.up_shared, c.up_routed,
-                 c.hidden_shared, c.hidden_routed)  # fmt: skip
-        weights = interleave(shared, (routed[0],), (routed[1],), (routed[2],))
-        out = dispatch_mlp_swiglu_combine_bwd_bf16(
-            *head, *weights, *saved, ws.x_buffer, ws.x_buffer_ptrs, *tail
-        )
+        out = dispatch_mlp_swiglu_combine_bwd_bf16(*args)
     if shared is not None:
         return tuple(out)
     return tuple(None if i in _SHARED_OUTPUTS else t for i, t in enumerate(out))
 
 
-# Positions of the shared expert's outputs among the fused backward ops' outputs.
-_SHARED_OUTPUTS = (0, 2, 4, 6, 8, 10, 12)
+def original_arguments(config, ws, schedule, ctx, shared, routed, swiglu_limit, mxfp8: bool):
+    """The backward fused op's arguments, in the original's order, for `ws`'s step (its
+    buffers hold the step's d_y, router weights and x); `ctx` is the forward's context."""
+    head = (ws.d_y_buffer, ws.d_y_buffer_ptrs, ws.d_x_routed_buffer, ws.d_x_routed_buffer_ptrs,
+            ws.router_weight_buffer, ws.router_weight_buffer_ptrs, ws.d_router_weight_buffer,
+            ws.d_router_weight_buffer_ptrs)  # fmt: skip
+    tail = trailing_arguments(config, ws, schedule, swiglu_limit, config.bwd_num_comm_sms)
+    c, x_and_ptrs = ctx, (ws.x_buffer, ws.x_buffer_ptrs)
+    if mxfp8:
+        gate, up, down = routed
+        saved = (*c.x_routed, c.gate_shared, *c.gate_routed, c.up_shared, *c.up_routed,
+                 c.hidden_shared, *c.hidden_routed)  # fmt: skip
+        weights = interleave(shared, gate[2:], up[2:], down)
+        return (*head, *weights, *saved, *x_and_ptrs, *gate[:2], *up[:2], *tail)
+    saved = (c.x_routed, c.gate_shared, c.gate_routed, c.up_shared, c.up_routed, c.hidden_shared,
+             c.hidden_routed)  # fmt: skip
+    weights = interleave(shared, (routed[0],), (routed[1],), (routed[2],))
+    return (*head, *weights, *saved, *x_and_ptrs, *tail)
 
 
-def _fake_outputs(x, w_shared_gate, capacity, num_experts, inter):
+# Positions of the shared expert's outputs among mok.passes.backward's.
+_SHARED_OUTPUTS = (0, 2, 4, 6, 9, 11, 13)
+
+
+def _fake_outputs(x, w_shared_gate, capacity, num_experts, inter, pairs=None):
+    """The outputs' shapes; `pairs`: the MXFP8 op's (True: quantized, False: 0-size)."""
     hidden = x.shape[1]
 
     def shared_w(*shape):
         return x.new_empty((0,) if w_shared_gate is None else shape)
 
     shared_i = shared_w(x.shape[0], inter)
-    routed_i = x.new_empty((capacity, inter))
-    return (
+    outputs = (
         shared_w(*x.shape),
         x.new_empty((capacity, hidden)),
         shared_i,
-        routed_i,
+        x.new_empty((capacity, inter)),
         torch.empty_like(shared_i),
-        torch.empty_like(routed_i),
+        x.new_empty((capacity, inter)),
         torch.empty_like(shared_i),
-        torch.empty_like(routed_i),
+        x.new_empty((capacity, inter)),
+        x.new_empty((capacity, hidden)),
         shared_w(inter, hidden),
         x.new_empty((num_experts, inter, hidden)),
         shared_w(inter, hidden),
@@ -282,6 +305,9 @@ def _fake_outputs(x, w_shared_gate, capacity, num_experts, inter):
         shared_w(hidden, inter),
         x.new_empty((num_experts, hidden, inter)),
     )
+    if pairs is None:
+        return outputs
+    return _with_pairs(outputs, pairs)
 
 
 @dispatch_mlp_swiglu_combine_bwd_bf16.register_fake
@@ -293,8 +319,7 @@ def _(*args, group_name=""):
 
 
 @dispatch_mlp_swiglu_combine_bwd_mxfp8.register_fake
-def _(*args, group_name=""):
+def _(*args, group_name="", routed_gradient_pairs=True):
     w_shared_gate, w_routed_gate, x, peer_rank = args[8], args[30], args[28], args[34]
-    return _fake_outputs(
-        x, w_shared_gate, peer_rank.shape[0], w_routed_gate.shape[0], w_routed_gate.shape[1]
-    )
+    sizes = (peer_rank.shape[0], w_routed_gate.shape[0], w_routed_gate.shape[1])
+    return _fake_outputs(x, w_shared_gate, *sizes, pairs=routed_gradient_pairs)
