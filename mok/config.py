@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 from mok._arguments import check_multiple
+
+# Custom ops take the capacity as an int64; 2^62 rows leaves room for the padding added to it.
+MAX_SCHEDULE_CAPACITY = 2**62
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,16 +67,24 @@ class MoKConfig:
                 )
 
     def schedule_capacity(self, ep_size: int, num_local_tokens: int, topk: int) -> int:
-        """Routed rows a rank can receive: multiplier * EP * T * k, but at least twice the mean
-        load (2 * T * k) and at most the worst case (EP * T * k), rounded up to 256.
+        """The original's capacity C = T * k * max(2, ceil(EP * schedule_capacity_multiplier)):
+        the routed rows a rank can receive, at least twice the mean load (in exact arithmetic,
+        so a huge multiplier cannot overflow on the way).
 
-        Schedules add 256 rows per local expert for padding, so only real routes can overflow;
-        a rank that receives more records a capacity-overflow error in the status word and the
-        extra routes contribute zero. EP <= 2 and multiplier >= 1 can never overflow.
+        mok's schedules hold min(C, EP * T * k) rows (no rank receives more routes than exist),
+        rounded up to 256, plus 256 per local expert for the segments' padding
+        (MoKWorkspace.schedule_rows), so only real routes can overflow; a rank that receives
+        more records a capacity-overflow error in the status word and the extra routes
+        contribute zero. EP <= 2 or a multiplier >= 1 can never overflow.
         """
-        routes = ep_size * num_local_tokens * topk
-        multiplier = self.schedule_capacity_multiplier
-        # At 1 or more the worst case bounds it; a huge multiplier must not overflow on the way.
-        share = routes if multiplier >= 1 else math.ceil(multiplier * routes)
-        wanted = max(share, 2 * num_local_tokens * topk)
-        return -(-min(wanted, routes) // 256) * 256
+        share = math.ceil(Fraction(self.schedule_capacity_multiplier) * ep_size)
+        capacity = num_local_tokens * topk * max(2, share)
+        if capacity > MAX_SCHEDULE_CAPACITY:
+            raise ValueError(
+                f"`schedule_capacity_multiplier` must be at most "
+                f"{MAX_SCHEDULE_CAPACITY // (num_local_tokens * topk) // ep_size} at EP "
+                f"{ep_size}, T {num_local_tokens}, k {topk} (the capacity T * k * ceil(EP * "
+                f"multiplier) must stay within {MAX_SCHEDULE_CAPACITY} rows), got "
+                f"{self.schedule_capacity_multiplier}"
+            )
+        return capacity

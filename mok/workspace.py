@@ -100,10 +100,12 @@ class MoKWorkspace:
             self.status = torch.zeros(1, dtype=torch.int32, device=self.device)
 
     def schedule_rows(self, num_local_experts: int) -> int:
-        """Rows of a schedule: the routed-row capacity plus 256 per local expert, so the
-        256-row padding of the expert segments can never overflow (only real routes can, when
-        schedule_capacity_multiplier < 1 and routing is skewed)."""
-        return self.schedule_capacity + 256 * num_local_experts
+        """Rows of a schedule: the capacity (never more than the EP * T * k routes there are),
+        rounded up to 256, plus 256 per local expert, so the 256-row padding of the expert
+        segments can never overflow (only real routes can, when schedule_capacity_multiplier
+        < 1 and routing is skewed)."""
+        routes = self.ep_size * self.num_local_tokens * self.topk
+        return -(-min(self.schedule_capacity, routes) // 256) * 256 + 256 * num_local_experts
 
 
 def _require_initialized() -> None:

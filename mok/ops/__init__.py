@@ -10,7 +10,8 @@ their flat arguments into mok's objects. The fake implementations let
 | module         | ops                                                           |
 |----------------|---------------------------------------------------------------|
 | comm           | all_gather_top_experts, barrier_all                           |
-| schedule       | schedule (schedule_op: the op, its status word always given)  |
+| schedule       | schedule (schedule_op: the op, its status word always given;  |
+|                | schedule_status: the word of calls without one)               |
 | mxfp8          | mxfp8_quantize                                                |
 | fused_forward  | dispatch_mlp_swiglu_combine_fwd_bf16, ..._fwd_mxfp8           |
 | fused_backward | dispatch_mlp_swiglu_combine_bwd_bf16, ..._bwd_mxfp8           |
@@ -28,7 +29,7 @@ from mok.ops.fused_forward import (
     dispatch_mlp_swiglu_combine_fwd_mxfp8,
 )
 from mok.ops.mxfp8 import mxfp8_quantize
-from mok.ops.schedule import schedule, schedule_op, schedule_worst_case_rows
+from mok.ops.schedule import schedule, schedule_op, schedule_status, schedule_worst_case_rows
 
 __all__ = [
     "all_gather_top_experts",
@@ -42,5 +43,6 @@ __all__ = [
     "mxfp8_quantize",
     "schedule",
     "schedule_op",
+    "schedule_status",
     "schedule_worst_case_rows",
 ]

@@ -26,24 +26,33 @@ def schedule(
     | num_tokens        | int32 | [1]   |
     | tokens_per_expert | int32 | [E]   |
 
-    `status` (mok; int32 [1], optional) records a capacity overflow instead of trapping. Without
-    it an overflow could not be reported, so `schedule_capacity` must then cover the worst
-    case, every route of `topk_all` to this rank (`schedule_worst_case_rows`). The op itself,
-    `torch.ops.mok.schedule` (`schedule_op`), takes `status` always: torch's custom ops cannot
-    leave out a tensor they write.
+    `status` (mok; int32 [1], optional) is the word a capacity overflow or an invalid expert
+    id is recorded in, never a trap. Without it (the original's call form, which works with
+    the original's capacity `T * k * max(2, ceil(EP * multiplier))`) they are recorded in the
+    device's own word, `schedule_status(device)`, which `mok.status.check` reads and clears.
+    The op itself, `torch.ops.mok.schedule` (`schedule_op`), takes `status` always: torch's
+    custom ops cannot leave out a tensor they write.
     """
     if status is None:
-        _check_schedule_args(topk_all, num_local_experts, schedule_capacity, rank)
-        worst = schedule_worst_case_rows(topk_all.numel(), num_local_experts)
-        if schedule_capacity < worst:
-            raise ValueError(
-                f"`schedule_capacity` must be at least {worst} without `status` (every one of "
-                f"topk_all's {topk_all.numel()} routes to this rank, each of "
-                f"{num_local_experts} experts padded to 256 rows), got {schedule_capacity}: "
-                "pass `status` (int32 [1]) to have an overflow recorded instead"
-            )
-        status = torch.zeros(1, dtype=torch.int32, device=topk_all.device)
+        status = schedule_status(topk_all.device if isinstance(topk_all, torch.Tensor) else None)
     return schedule_op(topk_all, num_local_experts, schedule_capacity, rank, status)
+
+
+# One word per device for `schedule` called without one (keyed by the device, not by an
+# object's address: the word outlives any schedule recorded in it).
+_DEVICE_WORDS: dict[torch.device, torch.Tensor] = {}
+
+
+def schedule_status(device: torch.device | str | None = None) -> torch.Tensor:
+    """The status word (int32 [1]) that `schedule` records into when it is called without one,
+    on `device` (default: the CPU): check it with `mok.status.check(schedule_status(device))`,
+    which raises for what was recorded and clears it."""
+    device = torch.device("cpu" if device is None else device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if device not in _DEVICE_WORDS:
+        _DEVICE_WORDS[device] = torch.zeros(1, dtype=torch.int32, device=device)
+    return _DEVICE_WORDS[device]
 
 
 def schedule_worst_case_rows(routes: int, num_local_experts: int) -> int:

@@ -64,19 +64,18 @@ def test_comm_sms_must_leave_compute_sms():
 
 
 @pytest.mark.parametrize(
-    ("multiplier", "ep", "tokens", "topk", "rows"),
+    ("multiplier", "ep", "tokens", "topk", "capacity"),
     [
-        (0.5, 2, 100, 3, 768),  # EP <= 2: the worst case, 2 * 100 * 3 = 600 -> 768
-        (1.0, 1, 1, 1, 256),
-        (0.5, 4, 1024, 8, 16384),  # multiplier * EP * T * k
-        (0.01, 8, 64, 2, 256),  # twice the mean load, 256
-        (0.1, 16, 1000, 4, 8192),  # twice the mean load, 8000 -> 8192
+        (0.5, 2, 100, 3, 600),  # T * k * max(2, ceil(1.0))
+        (1.0, 1, 1, 1, 2),  # at least twice the mean load
+        (0.5, 4, 1024, 8, 16384),  # T * k * 2
+        (0.01, 8, 64, 2, 256),  # twice the mean load
+        (0.3, 8, 128, 8, 3072),  # ceil(2.4) = 3
+        (0.1, 16, 1000, 4, 8000),  # ceil(1.6) = 2
+        (2.0, 8, 16, 2, 512),  # beyond the EP * T * k routes there are, as the original
     ],
 )
-def test_schedule_capacity(multiplier, ep, tokens, topk, rows):
-    capacity = MoKConfig(schedule_capacity_multiplier=multiplier).schedule_capacity(
-        ep, tokens, topk
-    )
-    assert capacity == rows
-    assert capacity % 256 == 0
-    assert capacity >= min(2 * tokens * topk, ep * tokens * topk)
+def test_schedule_capacity_is_the_originals(multiplier, ep, tokens, topk, capacity):
+    """C = T * k * max(2, ceil(EP * multiplier)) (API.md)."""
+    config = MoKConfig(schedule_capacity_multiplier=multiplier)
+    assert config.schedule_capacity(ep, tokens, topk) == capacity

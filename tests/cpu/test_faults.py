@@ -61,14 +61,15 @@ def test_layer_arguments_are_checked_at_construction(single_rank_group, kwargs, 
         MoELayer(HIDDEN, INTER, EXPERTS, TOPK, **kwargs)
 
 
-def test_a_huge_capacity_multiplier_is_the_worst_case():
+def test_a_huge_capacity_multiplier_is_named():
     """multiplier * EP * T * k once overflowed (math.ceil of inf) with an error naming nothing;
-    from 1 up the capacity is the worst case, EP * T * k rows."""
+    the capacity is computed exactly and one beyond what an op can take names the field."""
     config = F.MoKConfig(schedule_capacity_multiplier=1e308)
-    assert (
+    with pytest.raises(ValueError, match=r"`schedule_capacity_multiplier` must be at most "
+                       r"140737488355328 at EP 8, T 512, k 8 .* got 1e\+308"):  # fmt: skip
         config.schedule_capacity(8, 512, 8)
-        == F.MoKConfig(schedule_capacity_multiplier=1.0).schedule_capacity(8, 512, 8)
-        == 8 * 512 * 8
+    assert F.MoKConfig(schedule_capacity_multiplier=1e6).schedule_capacity(8, 512, 8) == (
+        512 * 8 * 8_000_000
     )
 
 

@@ -31,12 +31,24 @@ def test_schedule_without_status_is_the_schedule_with_it():
     assert int(status) == 0
 
 
-def test_schedule_without_status_needs_the_worst_case():
-    topk_all = _routing(1)
-    rows = ops.schedule_worst_case_rows(topk_all.numel(), EXPERTS)
-    with pytest.raises(ValueError, match=rf"`schedule_capacity` must be at least {rows} without "
-                       r"`status` .* got {}: pass `status`".format(rows - 256)):  # fmt: skip
-        ops.schedule(topk_all, EXPERTS, rows - 256, 0)
+def test_schedule_without_status_takes_the_originals_capacity():
+    """The original's call form with its capacity T * k * max(2, ceil(EP * multiplier)): the
+    schedule of C rows, and an overflow recorded in the device's word, never a trap."""
+    from mok import status
+    from mok.config import MoKConfig
+
+    word = ops.schedule_status("cpu")
+    status.check(word)  # start clean
+    topk_all = torch.zeros(4, 64, 4, dtype=torch.int32)  # every route to rank 0, expert 0
+    capacity = MoKConfig().schedule_capacity(4, 64, 4)
+    assert capacity == 64 * 4 * 2
+    peer_rank, _, num_tokens, _ = ops.schedule(topk_all, EXPERTS, capacity, 0)
+    assert peer_rank.shape == (capacity,) and int(num_tokens) == capacity
+    with pytest.raises(RuntimeError, match="capacity"):
+        status.check(word)
+    assert int(word) == 0, "check clears it"
+    ops.schedule(topk_all, EXPERTS, capacity, 1)  # rank 1 receives nothing: clean
+    status.check(word)
 
 
 @pytest.mark.parametrize(("routes", "experts"), [(1000, 4), (300, 1), (257, 3), (5, 8)], ids=str)

@@ -25,7 +25,7 @@ def test_fields_and_buffers(single_rank_group):
     assert ws.all_gather_top_experts_buffer.shape == (1, 16, 2)
     assert ws.x_buffer_ptrs == [0] and ws.x_buffer_handle is None
     assert ws.barrier_buffer_multicast_ptr == 0
-    assert ws.schedule_capacity == 256
+    assert ws.schedule_capacity == 16 * 2 * 2  # the original's T * k * max(2, ceil(EP * 0.5))
     assert ws.schedule_rows(3) == 256 + 3 * 256
 
 
