@@ -17,7 +17,7 @@ from mok import status as device_status
 from mok._arguments import check_range, check_tensor, check_type
 from mok.config import MoKConfig
 from mok.ops import fused_backward, fused_forward
-from mok.schedule import MoKSchedule
+from mok.schedule import MoKSchedule, contained
 from mok.workspace import (
     MoKWorkspace,
     clear_workspace_cache,
@@ -236,6 +236,7 @@ def forward(
     args = (config, workspace, schedule, x, router_weights, *weights, swiglu_limit)
     mxfp8 = validate_inputs(*args)
     ws = workspace
+    made_schedule, schedule = schedule, _contained(schedule, ws)
     if torch.compiler.is_compiling():
         saved, shared_out = fused_forward.run(
             config, ws, schedule, x, shared, routed, swiglu_limit, mxfp8
@@ -247,11 +248,20 @@ def forward(
             engine, ws.x_buffer, shared, routed, schedule, swiglu_limit, mxfp8
         )
     (x_routed, gate, up, hidden), (gate_s, up_s, hidden_s, y_shared) = saved, shared_out
-    ctx = MoKForwardContext(x_routed, gate_s, gate, up_s, up, hidden_s, hidden, schedule, ws)
+    ctx = MoKForwardContext(x_routed, gate_s, gate, up_s, up, hidden_s, hidden, made_schedule,
+                            ws)  # fmt: skip
     epilogue = _eager_backend_or(ops.fwd_epilogue, "fwd_epilogue", ws.device)
     output = epilogue(y_shared, ws.combine_buffer, _valid_route_weights(schedule, router_weights))
     _debug_check(ws)
     return output, ctx
+
+
+def _contained(schedule: MoKSchedule, ws: MoKWorkspace) -> MoKSchedule:
+    """A schedule made by build_schedule (it keeps its routes) as it is; any other checked on
+    the device first (mok.schedule.contained: INVALID_SCHEDULE in the status word)."""
+    if schedule.routes is not None:
+        return schedule
+    return contained(schedule, ws.ep_size, ws.num_local_tokens * ws.topk, ws.status)
 
 
 def _valid_route_weights(schedule: MoKSchedule, router_weights: torch.Tensor) -> torch.Tensor:
@@ -302,6 +312,7 @@ def backward(
     check_type("forward_context", forward_context, MoKForwardContext)
     ws = workspace
     _check_context(forward_context, schedule, ws, routed_gate_weights, shared_gate_weights, mxfp8)
+    schedule = _contained(schedule, ws)
     check_tensor(
         "grad_output",
         grad_output,

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from mok import status as device_status
+
 
 @dataclass(frozen=True, slots=True)
 class MoKSchedule:
@@ -40,3 +42,33 @@ class MoKSchedule:
 
     def as_tuple(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         return (self.peer_rank, self.peer_token_idx, self.num_tokens, self.tokens_per_expert)
+
+
+def contained(schedule: MoKSchedule, ep_size: int, routes_per_rank: int, status) -> MoKSchedule:
+    """`schedule` with what it cannot mean made harmless, on the device (no sync): rows whose
+    peer rank lies outside [-1, EP) or, on a row with a peer, whose token index lies outside
+    [0, T * k) become padding rows; counts that disagree (num_tokens not a multiple of 256 or
+    beyond the rows, tokens_per_expert negative, not multiples of 256 or not summing to
+    num_tokens) make every count zero. Either records INVALID_SCHEDULE in `status`. For
+    schedules not made by build_schedule, whose rows the kernels would otherwise skip or the
+    reference index out of range without a word."""
+    peer_rank, peer_token_idx, num_tokens, tokens_per_expert = schedule.as_tuple()
+    rows = torch.arange(peer_rank.shape[0], device=peer_rank.device)
+    used = rows < num_tokens.to(torch.int64)
+    has_peer = peer_rank >= 0
+    bad_index = (peer_token_idx < 0) | (peer_token_idx >= routes_per_rank)
+    bad_row = used & ((peer_rank < -1) | (peer_rank >= ep_size) | (has_peer & bad_index))
+    total = tokens_per_expert.to(torch.int64).sum()
+    bad_counts = (
+        (num_tokens < 0) | (num_tokens > peer_rank.shape[0]) | (num_tokens % 256 != 0)
+        | (tokens_per_expert < 0).any() | (tokens_per_expert % 256 != 0).any()
+        | (total != num_tokens.to(torch.int64))
+    )  # fmt: skip
+    device_status.record(status, device_status.INVALID_SCHEDULE, bad_row.any() | bad_counts)
+    padding = torch.full_like(peer_rank, -1)
+    return MoKSchedule(
+        torch.where(bad_row, padding, peer_rank),
+        torch.where(bad_row, padding, peer_token_idx),
+        torch.where(bad_counts, 0, num_tokens),
+        torch.where(bad_counts, 0, tokens_per_expert),
+    )

@@ -12,6 +12,7 @@ INVALID_EXPERT_ID = 1
 CAPACITY_OVERFLOW = 2
 TIMEOUT = 4
 RANKS_DISAGREE = 8
+INVALID_SCHEDULE = 16
 
 _MESSAGES = {
     INVALID_EXPERT_ID: (
@@ -20,7 +21,8 @@ _MESSAGES = {
     ),
     CAPACITY_OVERFLOW: (
         "a rank received more routed rows than the schedule capacity "
-        "(schedule_capacity_multiplier * EP * T * k); the extra routes contributed zero. "
+        "(T * k * max(2, ceil(EP * schedule_capacity_multiplier))); the extra routes "
+        "contributed zero. "
         "Raise MoKConfig.schedule_capacity_multiplier (1.0 can never overflow)"
     ),
     TIMEOUT: (
@@ -31,6 +33,13 @@ _MESSAGES = {
     RANKS_DISAGREE: (
         "the ranks of the EP group passed different num_local_experts to build_schedule: "
         "they read each other's expert ids differently, so the step's results are invalid"
+    ),
+    INVALID_SCHEDULE: (
+        "a schedule not made by build_schedule held rows out of range (a peer rank outside "
+        "[-1, EP), a peer token index outside [0, T * k)) or counts that disagree (num_tokens "
+        "not a multiple of 256 within the schedule's rows, tokens_per_expert negative, not "
+        "multiples of 256 or not summing to num_tokens); those rows, or with bad counts every "
+        "row, contributed exactly zero"
     ),
 }
 

@@ -29,11 +29,11 @@ from mok.ops.fused_forward import (
     check_launch,
     check_pass,
     interleave,
+    op_schedule,
     present,
     trailing_arguments,
 )
 from mok.ops.mxfp8 import mxfp8_quantize
-from mok.schedule import MoKSchedule
 
 _MUTATED = ("d_x_routed_buffer", "d_router_weight_buffer")
 _MUTATED_BF16 = (*_MUTATED, "x_routed", "gate_routed", "up_routed", "hidden_routed")
@@ -228,7 +228,7 @@ def _backward(
     engine = backends.for_device(x.device).op_engine(buffers, x_ptrs, topk, group_name)
     if shared is None:
         shared_saved = None
-    schedule = MoKSchedule(*schedule)
+    schedule = op_schedule(schedule, x, x_ptrs, topk)
     outputs = passes.backward(
         engine, grads[0], shared, routed, saved, shared_saved, x, schedule, limit, mxfp8
     )

@@ -17,7 +17,8 @@ from torch.library import custom_op
 from mok import _moe_arguments, backends, passes
 from mok._arguments import check_multiple, check_range, check_tensor
 from mok.backends.reference.exchange import resolve_group
-from mok.schedule import MoKSchedule
+from mok.ops.schedule import schedule_status
+from mok.schedule import MoKSchedule, contained
 from mok.workspace import MAX_TOPK
 
 Tensor = torch.Tensor
@@ -125,7 +126,17 @@ def _forward(x_and_ptrs, combine_and_ptrs, shared_weights, routed, schedule, top
     buffers = {"x_buffer": x, "combine_buffer": combine_buffer}
     engine = backends.for_device(x.device).op_engine(buffers, x_ptrs, topk, group_name)
     shared = _shared(*shared_weights)
-    return passes.forward(engine, x, shared, routed, MoKSchedule(*schedule), swiglu_limit, mxfp8)
+    schedule = op_schedule(schedule, x, x_ptrs, topk)
+    return passes.forward(engine, x, shared, routed, schedule, swiglu_limit, mxfp8)
+
+
+def op_schedule(schedule, x, x_ptrs, topk) -> MoKSchedule:
+    """A fused op's schedule tensors as a MoKSchedule, contained on the device
+    (mok.schedule.contained; what it finds is recorded in the device's word for calls in the
+    original's form, ops.schedule_status)."""
+    routes_per_rank = x.shape[0] * topk
+    word = schedule_status(x.device)
+    return contained(MoKSchedule(*schedule), len(x_ptrs), routes_per_rank, word)
 
 
 def _shared(gate, up, down):

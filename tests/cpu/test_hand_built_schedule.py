@@ -1,0 +1,95 @@
+"""A MoKSchedule not made by build_schedule is checked on the device (issue 48, cause 8): rows
+out of range or counts that disagree become zero contributions and INVALID_SCHEDULE in the
+status word, on the functional API and on the fused ops, where they once ended in an IndexError
+deep inside the reference (and were skipped without a word by the CUDA kernels)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from step_setup import single_rank_step
+
+from mok import functional as F
+from mok import ops, status
+from mok.ops import fused_backward
+from mok.schedule import MoKSchedule
+
+T, H, I, E, K = 16, 128, 128, 2, 2
+
+
+def _bf16(*shape, seed=0):
+    return (torch.randn(shape, generator=torch.Generator().manual_seed(seed)) / 8).bfloat16()
+
+
+def _weights():
+    return (_bf16(E, I, H, seed=7), _bf16(E, I, H, seed=8), _bf16(E, H, I, seed=9))
+
+
+def _inputs():
+    rw = torch.rand(T, K, generator=torch.Generator().manual_seed(3))
+    return _bf16(T, H, seed=1), rw
+
+
+def _spoil(schedule: MoKSchedule, fault: str) -> MoKSchedule:
+    peer_rank, peer_token_idx, num_tokens, tokens_per_expert = (
+        t.clone() for t in schedule.as_tuple()
+    )
+    if fault == "token-index-past-T*k":
+        peer_token_idx[0] = T * K
+    elif fault == "negative-token-index":
+        peer_token_idx[0] = -3
+    elif fault == "peer-rank-past-EP":
+        peer_rank[0] = 1
+    elif fault == "peer-rank-below-minus-1":
+        peer_rank[0] = -2
+    elif fault == "num-tokens-past-the-rows":
+        num_tokens[0] = peer_rank.shape[0] + 256
+    elif fault == "counts-disagree":
+        tokens_per_expert[0] += 256
+    return MoKSchedule(peer_rank, peer_token_idx, num_tokens, tokens_per_expert)
+
+
+FAULTS = ["token-index-past-T*k", "negative-token-index", "peer-rank-past-EP",
+          "peer-rank-below-minus-1", "num-tokens-past-the-rows", "counts-disagree"]  # fmt: skip
+
+
+def test_a_hand_built_copy_of_a_good_schedule_gives_the_same_step(single_rank_group):
+    config, ws, built = single_rank_step(single_rank_group, tokens=T, hidden=H, topk=K,
+                                         experts=E, seed=5)  # fmt: skip
+    x, rw = _inputs()
+    want, _ = F.forward(config, ws, built, x, rw, None, None, None, *_weights())
+    copy = MoKSchedule(*(t.clone() for t in built.as_tuple()))
+    got, _ = F.forward(config, ws, copy, x, rw, None, None, None, *_weights())
+    assert torch.equal(got, want)
+    F.check_status(ws)
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_functional_records_a_bad_schedule(single_rank_group, fault):
+    config, ws, built = single_rank_step(single_rank_group, tokens=T, hidden=H, topk=K,
+                                         experts=E, seed=5)  # fmt: skip
+    x, rw = _inputs()
+    bad = _spoil(built, fault)
+    out, ctx = F.forward(config, ws, bad, x, rw, None, None, None, *_weights())
+    F.backward(config, ws, bad, ctx, x, x, rw, None, None, None, *_weights())
+    assert torch.isfinite(out.float()).all()
+    with pytest.raises(status.MoKDeviceError, match="a schedule not made by build_schedule"):
+        F.check_status(ws)
+    if fault in ("num-tokens-past-the-rows", "counts-disagree"):
+        assert torch.equal(out, torch.zeros_like(out)), "bad counts: every row contributes zero"
+
+
+@pytest.mark.parametrize("fault", FAULTS[:3])
+def test_fused_ops_record_a_bad_schedule_in_the_devices_word(single_rank_group, fault):
+    config, ws, built = single_rank_step(single_rank_group, tokens=T, hidden=H, topk=K,
+                                         experts=E, seed=5)  # fmt: skip
+    x, rw = _inputs()
+    _, ctx = F.forward(config, ws, built, x, rw, None, None, None, *_weights())
+    word = ops.schedule_status("cpu")
+    status.check(word)
+    ws.d_y_buffer.copy_(x)
+    args = fused_backward.original_arguments(config, ws, _spoil(built, fault), ctx, None,
+                                             _weights(), None, False)  # fmt: skip
+    ops.dispatch_mlp_swiglu_combine_bwd_bf16(*args)
+    with pytest.raises(status.MoKDeviceError, match="a schedule not made by build_schedule"):
+        status.check(word)
