@@ -15,6 +15,7 @@ import torch
 from mok import _moe_arguments, backends, ops, passes, settings
 from mok import status as device_status
 from mok._arguments import check_range, check_tensor, check_type
+from mok.backends.reference import exchange
 from mok.config import MoKConfig
 from mok.ops import fused_backward, fused_forward
 from mok.schedule import MoKSchedule, contained
@@ -137,17 +138,18 @@ def build_schedule(
     (see `check_status`) and the route contributes exactly zero.
     """
     check_type("workspace", workspace, MoKWorkspace)
-    check_type("config", config, MoKConfig)
     ws = workspace
-    check_tensor(
-        "top_experts",
-        top_experts,
-        dtype=torch.int64,
-        shape=(ws.num_local_tokens, ws.topk),
-        dims=("T", "k"),
-        device=ws.device,
-    )
-    check_range("num_local_experts", num_local_experts, 1, (2**31 - 1) // ws.ep_size)
+    with _announcing(ws):
+        check_type("config", config, MoKConfig)
+        check_tensor(
+            "top_experts",
+            top_experts,
+            dtype=torch.int64,
+            shape=(ws.num_local_tokens, ws.topk),
+            dims=("T", "k"),
+            device=ws.device,
+        )
+        check_range("num_local_experts", num_local_experts, 1, (2**31 - 1) // ws.ep_size)
     num_experts = ws.ep_size * num_local_experts
     routing = _routing(top_experts, num_experts, ws.status)
     schedule = _eager_backend_or(ops.schedule_op, "schedule", ws.device)
@@ -234,7 +236,8 @@ def forward(
     routed = (routed_gate_weights, routed_up_weights, routed_down_weights)
     weights = (shared_gate_weights, shared_up_weights, shared_down_weights, *routed)
     args = (config, workspace, schedule, x, router_weights, *weights, swiglu_limit)
-    mxfp8 = validate_inputs(*args)
+    with _announcing(workspace):
+        mxfp8 = validate_inputs(*args)
     ws = workspace
     made_schedule, schedule = schedule, _contained(schedule, ws)
     if torch.compiler.is_compiling():
@@ -254,6 +257,17 @@ def forward(
     output = epilogue(y_shared, ws.combine_buffer, _valid_route_weights(schedule, router_weights))
     _debug_check(ws)
     return output, ctx
+
+
+def _announcing(workspace):
+    """An entry's argument checks: a rank that fails them tells its peers, which wait in their
+    next exchange, where they do (EP > 1 on a torch.distributed group served by the reference
+    backend: exchange.failures_announced); the CUDA kernels' waits end in TIMEOUT by
+    themselves, and a one-device group releases its ranks."""
+    ws = workspace if isinstance(workspace, MoKWorkspace) else None
+    waits = ws is not None and ws.ep_size > 1 and ws.host_group is None
+    group = ws.group_name if waits and not backends.uses_cuda(ws.device) else None
+    return exchange.failures_announced(group)
 
 
 def _contained(schedule: MoKSchedule, ws: MoKWorkspace) -> MoKSchedule:
@@ -308,19 +322,16 @@ def backward(
     routed = (routed_gate_weights, routed_up_weights, routed_down_weights)
     weights = (shared_gate_weights, shared_up_weights, shared_down_weights, *routed)
     args = (config, workspace, schedule, x, router_weights, *weights, swiglu_limit)
-    mxfp8 = validate_inputs(*args, backward=True)
-    check_type("forward_context", forward_context, MoKForwardContext)
     ws = workspace
-    _check_context(forward_context, schedule, ws, routed_gate_weights, shared_gate_weights, mxfp8)
+    with _announcing(workspace):
+        mxfp8 = validate_inputs(*args, backward=True)
+        check_type("forward_context", forward_context, MoKForwardContext)
+        _check_context(forward_context, schedule, ws, routed_gate_weights, shared_gate_weights,
+                       mxfp8)  # fmt: skip
+        check_tensor("grad_output", grad_output, dtype=torch.bfloat16,
+                     shape=(ws.num_local_tokens, ws.hidden_size), dims=("T", "H"),
+                     device=ws.device)  # fmt: skip
     schedule = _contained(schedule, ws)
-    check_tensor(
-        "grad_output",
-        grad_output,
-        dtype=torch.bfloat16,
-        shape=(ws.num_local_tokens, ws.hidden_size),
-        dims=("T", "H"),
-        device=ws.device,
-    )
     if torch.compiler.is_compiling():
         out = fused_backward.run(config, ws, schedule, forward_context, grad_output, x,
                                  router_weights, shared, routed, swiglu_limit, mxfp8)  # fmt: skip

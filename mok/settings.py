@@ -9,6 +9,7 @@ steps), and a bad value raises ValueError naming the variable, on every backend.
 | MOK_BACKEND         | str   | auto    | auto (CUDA kernels for CUDA tensors), reference, cuda |
 | MOK_GROUPED_GEMM    | str   | auto    | routed GEMMs: auto / mok (mok's), torch (_grouped_mm) |
 | MOK_COMM_TIMEOUT_S  | float | 5       | bound of every device-side wait (then TIMEOUT is set)|
+|                     |       |         | and, where set, of the reference's collectives       |
 | MOK_OVERLAP_CTAS    | int   | 64      | CTAs of a background exchange; 0: all foreground     |
 | MOK_DEBUG           | bool  | 0       | check the status word after every functional call    |
 | MOK_SWIGLU_EPILOGUE | bool  | 0       | experimental: SwiGLU in the gate/up GEMM's epilogue  |
@@ -65,6 +66,15 @@ def comm_timeout_ns() -> int:
             f"got {text!r}"
         )
     return int(seconds * 1e9)
+
+
+def comm_timeout_s_if_set() -> float | None:
+    """MOK_COMM_TIMEOUT_S in seconds where it is set, else None: the reference backend's
+    collectives then wait as long as the process group's own timeout does (its ranks compute
+    on the host between exchanges, so a default of seconds could cut off a slow rank)."""
+    if not os.environ.get("MOK_COMM_TIMEOUT_S", ""):
+        return None
+    return comm_timeout_ns() / 1e9
 
 
 def overlap_ctas() -> int:

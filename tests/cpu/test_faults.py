@@ -197,3 +197,33 @@ def test_a_bad_setting_is_an_error_on_every_backend(single_rank_group, monkeypat
     with pytest.raises(ValueError, match=variable):
         F.create_workspace(F.MoKConfig(), single_rank_group, device="cpu",
                            num_local_tokens=TOKENS, hidden_size=HIDDEN, topk=TOPK)  # fmt: skip
+
+
+@pytest.mark.parametrize("fault", ["build_schedule", "forward", "backward"])
+def test_a_rank_failing_validation_is_every_ranks_error_at_once(fault):
+    """A gloo rank whose arguments fail validation once left its peers waiting for the process
+    group's timeout (30 minutes by default), and a retry then crashed; it now tells them, so
+    every rank raises at once, names the rank and its error, and the group's retry is clean."""
+    from fault_workers import last_rank_fails_validation
+
+    results = run_on_ranks(last_rank_fails_validation, 3, fault, timeout_s=240,
+                           collective_timeout_s=90)  # fmt: skip
+    *peers, last = results
+    assert last[0], "the last rank's own error"
+    for error, elapsed, _ in peers:
+        assert error and "rank 2 of the EP group raised before this exchange" in error, error
+        assert last[0] in error, "the peers see the failing rank's error"
+        assert elapsed < 45, f"waited {elapsed:.0f} s: the process group's timeout, not a notice"
+    assert all(isinstance(r[2], float) and r[2] == r[2] for r in results), "retry failed"
+
+
+def test_reference_exchanges_honour_the_comm_timeout():
+    """MOK_COMM_TIMEOUT_S once bounded only the CUDA kernels' waits; where it is set, the
+    reference's collectives give up after it too, with a clear error."""
+    from fault_workers import last_rank_never_arrives
+
+    results = run_on_ranks(last_rank_never_arrives, 2, 2.0, timeout_s=120,
+                           collective_timeout_s=90)  # fmt: skip
+    error, elapsed = results[0]
+    assert "waited 2 s (MOK_COMM_TIMEOUT_S)" in error, error
+    assert elapsed < 20

@@ -10,10 +10,13 @@ mok.host_group.HostGroup of a group whose ranks are threads of one process (mok.
 from __future__ import annotations
 
 import zlib
+from contextlib import contextmanager
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
+from mok import settings
 from mok.host_group import HostGroup
 
 
@@ -30,6 +33,12 @@ def rank_in(group: str | HostGroup) -> int:
     return dist.get_rank(resolve_group(group))
 
 
+# A header's first word for "this rank raised before the exchange" (a CRC-32 is never < 0).
+_FAILED = -1
+# Bytes of a failing rank's message that its peers receive.
+_MESSAGE_BYTES = 1024
+
+
 def all_gather(tensor: torch.Tensor, group: str | HostGroup, label: str = "") -> torch.Tensor:
     """[EP, *tensor.shape]: every rank's tensor, in rank order. `label` names what is exchanged:
     every rank must gather the same label, shape and dtype at the same point, so ranks whose
@@ -40,24 +49,83 @@ def all_gather(tensor: torch.Tensor, group: str | HostGroup, label: str = "") ->
     group = resolve_group(group)
     raw = tensor.contiguous().view(torch.uint8)
     _check_in_step(raw, label, tensor, group)
+    return _gathered(raw, group, label).view(tensor.dtype)
+
+
+def _gathered(raw: torch.Tensor, group, label: str) -> torch.Tensor:
+    """dist.all_gather of `raw` ([EP, *raw.shape]), waiting at most MOK_COMM_TIMEOUT_S where
+    it is set (else the process group's timeout) before a clear error."""
     parts = [torch.empty_like(raw) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(parts, raw, group=group)
-    return torch.stack(parts).view(tensor.dtype)
+    work = dist.all_gather(parts, raw, group=group, async_op=True)
+    seconds = settings.comm_timeout_s_if_set()
+    try:
+        work.wait(timeout=timedelta(seconds=seconds)) if seconds else work.wait()
+    except RuntimeError as error:
+        raise RuntimeError(
+            f"rank {dist.get_rank(group)} of the EP group waited "
+            f"{f'{seconds:g} s (MOK_COMM_TIMEOUT_S)' if seconds else 'the process group timeout'}"
+            f" for every rank to exchange {label or 'a tensor'}: a rank failed, stalled or ran "
+            "a different sequence of mok calls; the group cannot be used again"
+        ) from error
+    return torch.stack(parts)
 
 
 def _check_in_step(raw: torch.Tensor, label: str, tensor: torch.Tensor, group) -> None:
-    """One small collective before the exchange: every rank's (label, shape, dtype) digest."""
+    """One small collective before the exchange: every rank's (label, shape, dtype) digest,
+    or a peer's notice that it raised (announce_failure)."""
     what = f"{label} {list(tensor.shape)} {tensor.dtype}"
     mine = torch.tensor([zlib.crc32(what.encode()), raw.numel()], dtype=torch.int64)
-    mine = mine.to(raw.device)
-    headers = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
-    dist.all_gather(headers, mine, group=group)
-    if any(not torch.equal(h, mine) for h in headers):
+    headers = _gathered(mine.to(raw.device), group, f"the header of {label or 'a tensor'}")
+    if (headers[:, 0] == _FAILED).any():
+        _raise_for_failed_peer(headers, group)
+    if any(not torch.equal(h, headers[dist.get_rank(group)]) for h in headers):
         raise ValueError(
             f"the ranks of the EP group are out of step: this rank (rank {dist.get_rank(group)}) "
             f"exchanges {what} while another rank exchanges something else (every rank must "
             "call the same mok functions in the same order, with the same sizes)"
         )
+
+
+@contextmanager
+def failures_announced(group: str | None):
+    """Within it, a ValueError or TypeError (a public entry's argument checks) is announced to
+    the ranks of `group` (announce_failure) before it propagates; None: nothing is announced
+    (a group whose peers do not wait in these collectives)."""
+    try:
+        yield
+    except (ValueError, TypeError) as error:
+        if group is not None:
+            announce_failure(group, error)
+        raise
+
+
+def announce_failure(group: str, error: BaseException) -> None:
+    """Tell the ranks of a torch.distributed `group`, which wait in the header of their next
+    exchange, that this rank raised `error` before reaching it: they raise a ValueError naming
+    this rank and its message instead of waiting for the process group's timeout, and every
+    rank has taken part in the same two collectives, so the group stays in step."""
+    group = resolve_group(group)
+    notice = torch.tensor([_FAILED, dist.get_rank(group)], dtype=torch.int64)
+    headers = _gathered(notice, group, "a failure notice")
+    _raise_for_failed_peer(headers, group, error)
+
+
+def _raise_for_failed_peer(headers: torch.Tensor, group, own: BaseException | None = None):
+    """The second collective of a failure notice: every rank's message (empty for ranks that
+    did not raise); raises on ranks that did not raise themselves."""
+    text = f"{type(own).__name__}: {own}" if own is not None else ""
+    message = torch.zeros(_MESSAGE_BYTES, dtype=torch.uint8)
+    encoded = list(text.encode()[:_MESSAGE_BYTES])
+    message[: len(encoded)] = torch.tensor(encoded, dtype=torch.uint8)
+    messages = _gathered(message.to(headers.device), group, "a failure message")
+    if own is not None:
+        return
+    failed = [int(r) for r in (headers[:, 0] == _FAILED).nonzero().flatten()]
+    first = bytes(messages[failed[0]].cpu().tolist()).rstrip(b"\0").decode(errors="replace")
+    raise ValueError(
+        f"rank {failed[0]} of the EP group raised before this exchange ({first}); "
+        f"ranks that raised: {failed}. Every rank stops here, in step: fix the call and retry"
+    )
 
 
 def all_gather_top_experts(top_experts: torch.Tensor, buffer: torch.Tensor, group):
