@@ -13,6 +13,7 @@ CAPACITY_OVERFLOW = 2
 TIMEOUT = 4
 RANKS_DISAGREE = 8
 INVALID_SCHEDULE = 16
+OUT_OF_STEP = 32
 
 _MESSAGES = {
     INVALID_EXPERT_ID: (
@@ -40,6 +41,11 @@ _MESSAGES = {
         "not a multiple of 256 within the schedule's rows, tokens_per_expert negative, not "
         "multiples of 256 or not summing to num_tokens); those rows, or with bad counts every "
         "row, contributed exactly zero"
+    ),
+    OUT_OF_STEP: (
+        "the ranks of the EP group reached a device barrier from different exchanges (every "
+        "rank must call the same mok functions in the same order): the data they exchanged "
+        "in this step is invalid"
     ),
 }
 

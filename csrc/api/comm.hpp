@@ -68,7 +68,7 @@ inline cudaStream_t stream_of(uintptr_t stream) { return reinterpret_cast<cudaSt
 }  // namespace comm_checks
 
 inline void comm_barrier(uintptr_t flag_table, uintptr_t flags, uintptr_t epoch, uintptr_t status,
-                         int rank, int ep, uint64_t timeout_ns, uintptr_t stream) {
+                         int rank, int ep, uint64_t timeout_ns, uintptr_t stream, uint32_t tag) {
   namespace c = comm_checks;
   c::group(rank, ep);
   c::address("flag_table", flag_table, 8);
@@ -83,6 +83,7 @@ inline void comm_barrier(uintptr_t flag_table, uintptr_t flags, uintptr_t epoch,
   a.rank = rank;
   a.ep = ep;
   a.timeout_ns = timeout_ns;
+  a.tag = tag;
   check_cuda(comm::launch_barrier(a, c::stream_of(stream)), "barrier kernel launch");
 }
 
@@ -262,9 +263,11 @@ inline void bind_comm(pybind11::module_& m) {
   namespace py = pybind11;
   m.def("comm_barrier", &comm_barrier, py::arg("flag_table"), py::arg("flags"), py::arg("epoch"),
         py::arg("status"), py::arg("rank"), py::arg("ep"), py::arg("timeout_ns"),
-        py::arg("stream"),
+        py::arg("stream"), py::arg("tag") = 0u,
         "Device barrier over the group: signal every peer's flags[rank] with epoch+1, wait for "
-        "this rank's flags to reach it (bounded: a timeout sets status bit 4), store the epoch.");
+        "this rank's flags to reach it (bounded: a timeout sets status bit 4), store the epoch. "
+        "flags: uint32 [3 * ep] (epochs, then two rows of tags); a peer that signalled another "
+        "nonzero `tag` at this barrier sets status bit 32.");
   m.def("comm_all_gather", &comm_all_gather, py::arg("src"), py::arg("dst_table"),
         py::arg("bytes"), py::arg("rank"), py::arg("ep"), py::arg("stream"),
         "Store `bytes` from src at offset rank*bytes of every rank's buffer (no barrier).");

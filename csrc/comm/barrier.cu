@@ -17,21 +17,30 @@ constexpr int kMaxGatherCtasPerPeer = 16;
 
 // One CTA. Thread p signals peer p, then waits for peer p's signal; the epoch counter is read
 // before and written after, by thread 0, so every thread uses the same epoch and the next barrier
-// (next kernel in the stream) uses the one after it.
+// (next kernel in the stream) uses the one after it. With the epoch each rank leaves its tag in
+// the peer's tag row of the epoch's parity, before the release that signals the epoch: a peer
+// at most one barrier ahead writes the other row, so the row read after the acquire holds the
+// tag of this very barrier. Ranks at the same barrier with other tags (0: untagged) ran other
+// code: the status word says so instead of their exchanges mixing silently.
 __global__ void __launch_bounds__(kBarrierThreads) barrier_kernel(BarrierArgs a) {
   __shared__ uint32_t s_epoch;
   if (threadIdx.x == 0) s_epoch = *a.epoch + 1;
   __syncthreads();
   const uint32_t epoch = s_epoch;
+  const int tag_row = a.ep * (1 + static_cast<int>(epoch & 1u));
   for (int peer = threadIdx.x; peer < a.ep; peer += blockDim.x) {
     if (peer == a.rank) continue;
+    uint32_t* peer_flags = reinterpret_cast<uint32_t*>(a.flag_table[peer]);
+    *reinterpret_cast<volatile uint32_t*>(peer_flags + tag_row + a.rank) = a.tag;
     // Belt and braces: the kernels before this one in the stream fenced their own peer stores;
     // this fence also covers writes this thread merely observed.
     system_fence();
-    signal_flag(reinterpret_cast<uint32_t*>(a.flag_table[peer]) + a.rank, epoch);
+    signal_flag(peer_flags + a.rank, epoch);
   }
   for (int peer = threadIdx.x; peer < a.ep; peer += blockDim.x) {
-    if (peer != a.rank) wait_flag(a.flags + peer, epoch, a.timeout_ns, a.status);
+    if (peer == a.rank || !wait_flag(a.flags + peer, epoch, a.timeout_ns, a.status)) continue;
+    const uint32_t theirs = *reinterpret_cast<volatile uint32_t*>(a.flags + tag_row + peer);
+    if (a.tag != 0u && theirs != 0u && theirs != a.tag) atomicOr(a.status, kStatusOutOfStep);
   }
   __syncthreads();
   // A timed-out wait still advances the epoch: every rank counts the same barriers, so the

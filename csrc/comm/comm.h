@@ -27,14 +27,17 @@ constexpr int kMaxRanks = 72;     // the largest EP group (one NVL72 domain)
 constexpr int kCopyThreads = 512;  // threads per CTA of the copy kernels
 
 // Device-side barrier over the group, epoch-tagged (see common/flags.cuh).
+// Flag words of a rank (uint32 [3 * ep]): [0, ep) the epoch of each rank's last signal, then two
+// rows of ep tags, the row of an epoch's parity holding the tag each rank signalled with.
 struct BarrierArgs {
-  const uint64_t* flag_table = nullptr;  // [ep] every rank's flag words (uint32 [ep] each)
+  const uint64_t* flag_table = nullptr;  // [ep] every rank's flag words
   uint32_t* flags = nullptr;             // this rank's flag words: flags[r] = rank r's last epoch
   uint32_t* epoch = nullptr;             // this rank's count of completed barriers
   int* status = nullptr;                 // device status word; a timeout ORs kStatusTimeout
   int rank = 0;
   int ep = 1;
   uint64_t timeout_ns = 0;
+  uint32_t tag = 0;  // what this barrier separates; peers at another tag: kStatusOutOfStep
 };
 
 // Stores this rank's `bytes` from `src` at byte offset rank * bytes of every rank's buffer.

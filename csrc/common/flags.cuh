@@ -15,8 +15,9 @@
 
 namespace mok::comm {
 
-// Bit of the device status word (mok/status.py TIMEOUT).
+// Bits of the device status word (mok/status.py TIMEOUT, OUT_OF_STEP).
 constexpr int kStatusTimeout = 4;
+constexpr int kStatusOutOfStep = 32;
 
 // Longest pause between two polls of a flag: short against a cross-GPU round trip, so backing
 // off costs little latency, long enough that a waiting warp leaves the SM's issue slots to other

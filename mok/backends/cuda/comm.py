@@ -12,7 +12,9 @@ reached its own (acquire), and keeps the epoch in `ws.barrier_target`. One epoch
 every op of the workspace, and all ranks run the same sequence of barriers, so flags are never
 cleared. A wait gives up after MOK_COMM_TIMEOUT_S seconds (mok.settings; default 5) and sets
 `mok.status.TIMEOUT` in `ws.status` instead of hanging. Every rank must call the functions below
-in the same order with the same `sync_*` choices, and one workspace serves one stream at a time.
+in the same order with the same `sync_*` choices, and one workspace serves one stream at a time;
+each barrier carries a tag naming what it separates ("pull x_buffer", ...), and a rank whose
+peer reached the same barrier under another tag records `mok.status.OUT_OF_STEP`.
 
 By default every op is safe on its own, whatever ran before or runs after it:
 
@@ -31,6 +33,8 @@ precedes the pushes (`zero_fill=True`, `zero_destination`); a caller that passes
 """
 
 from __future__ import annotations
+
+import zlib
 
 import torch
 
@@ -108,17 +112,20 @@ def zero_destination(ws: MoKWorkspace, name: str, routes: torch.Tensor | None = 
     return dest
 
 
-def barrier(ws: MoKWorkspace) -> None:
-    """Device-side barrier over the workspace's group (no-op at EP=1)."""
+def barrier(ws: MoKWorkspace, label: str = "") -> None:
+    """Device-side barrier over the workspace's group (no-op at EP=1). `label` names what it
+    separates: a peer that reaches the same barrier under another label ran other code, and
+    the status word records OUT_OF_STEP ("" checks nothing: the original's barrier_all)."""
     if ws.ep_size == 1:
         return
+    tag = (zlib.crc32(label.encode()) | 1) if label else 0
     if ws.host_group is not None:  # ranks that are threads of one process launch in step
-        ws.host_group.lockstep(lambda: _launch_barrier(ws))
+        ws.host_group.lockstep(lambda: _launch_barrier(ws, tag))
     else:
-        _launch_barrier(ws)
+        _launch_barrier(ws, tag)
 
 
-def _launch_barrier(ws: MoKWorkspace) -> None:
+def _launch_barrier(ws: MoKWorkspace, tag: int) -> None:
     _run(
         ws,
         "comm_barrier",
@@ -129,6 +136,7 @@ def _launch_barrier(ws: MoKWorkspace) -> None:
         rank=ws.ep_rank,
         ep=ws.ep_size,
         timeout_ns=settings.comm_timeout_ns(),
+        tag=tag,
     )
 
 
@@ -153,7 +161,7 @@ def all_gather_top_experts(
         )
     src = _extension.aligned(top_experts)
     if sync_before:
-        barrier(ws)
+        barrier(ws, "routing gather")
     _run(
         ws,
         "comm_all_gather",
@@ -163,7 +171,7 @@ def all_gather_top_experts(
         rank=ws.ep_rank,
         ep=ws.ep_size,
     )
-    barrier(ws)
+    barrier(ws, "routing gathered")
     return ws.all_gather_top_experts_buffer
 
 
@@ -186,7 +194,7 @@ def combine_status(ws: MoKWorkspace, num_local_experts: int) -> None:
         rank=ws.ep_rank,
         ep=ws.ep_size,
     )
-    barrier(ws)
+    barrier(ws, "status gathered")
     device_status.combine(ws.status, ws.status_gather_buffer, num_local_experts)
 
 
@@ -225,7 +233,7 @@ def run_pull(ws, kernel: str, name: str, schedule_rows, sync, **arguments) -> No
     peer_rank, peer_token_idx, num_tokens = schedule_rows
     sync_before, sync_after = sync
     if sync_before:
-        barrier(ws)
+        barrier(ws, f"pull {name}")
     _run(
         ws,
         kernel,
@@ -237,7 +245,7 @@ def run_pull(ws, kernel: str, name: str, schedule_rows, sync, **arguments) -> No
         **arguments,
     )
     if sync_after:
-        barrier(ws)
+        barrier(ws, f"pulled {name}")
 
 
 def pull_rows(
@@ -330,7 +338,7 @@ def push_rows(
         unpushed = schedule.unpushed_routes() if hasattr(schedule, "unpushed_routes") else None
         zero_destination(ws, dest_buffer_name, unpushed)
     if sync_before:
-        barrier(ws)
+        barrier(ws, f"push {dest_buffer_name}")
     _run(
         ws,
         "comm_push_rows",
@@ -346,4 +354,4 @@ def push_rows(
         ctas=num_ctas or _default_ctas(ws.device),
     )
     if sync_after:
-        barrier(ws)
+        barrier(ws, f"pushed {dest_buffer_name}")
