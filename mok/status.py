@@ -69,10 +69,15 @@ def combine(status: torch.Tensor, gathered: torch.Tensor, num_local_experts: int
     """OR every rank's status word into `status`, and RANKS_DISAGREE if any rank's
     num_local_experts differs from this one's (`gathered`: every rank's `word`, int32 [EP, 2]);
     no sync, so that all ranks of a group reach the same verdict for a step."""
-    bits = torch.arange(31, device=status.device, dtype=torch.int32)
-    present = ((gathered[:, :1] >> bits) & 1).amax(0)
-    status.bitwise_or_((present << bits).sum().to(torch.int32))
+    or_words(status, gathered[:, 0])
     record(status, RANKS_DISAGREE, gathered[:, 1] != num_local_experts)
+
+
+def or_words(status: torch.Tensor, words: torch.Tensor) -> None:
+    """OR the status words `words` (int32 [EP], every rank's) into `status` (no sync)."""
+    bits = torch.arange(31, device=status.device, dtype=torch.int32)
+    present = ((words[:, None] >> bits) & 1).amax(0)
+    status.bitwise_or_((present << bits).sum().to(torch.int32))
 
 
 def raise_for(value: int) -> None:

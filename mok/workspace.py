@@ -30,8 +30,8 @@ _SYMMETRIC_BUFFERS = {
     "router_weight_buffer": (torch.float32, lambda ep, t, h, k: (t, k)),
     "d_router_weight_buffer": (torch.float32, lambda ep, t, h, k: (t, k)),
     "all_gather_top_experts_buffer": (torch.int32, lambda ep, t, h, k: (ep, t, k)),
-    # Epochs [ep], then two rows of tags [2, ep] (mok/backends/cuda/comm.py, barrier).
-    "barrier_buffer": (torch.int32, lambda ep, t, h, k: (3 * ep,)),
+    # Epochs [ep], two rows of tags and two of status words [2, ep] each (csrc/comm/comm.h).
+    "barrier_buffer": (torch.int32, lambda ep, t, h, k: (5 * ep,)),
     # mok: every rank's (status word, num_local_experts), so all ranks reach one verdict per step
     # (mok.status.combine)
     "status_gather_buffer": (torch.int32, lambda ep, t, h, k: (ep, 2)),

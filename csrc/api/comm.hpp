@@ -266,8 +266,9 @@ inline void bind_comm(pybind11::module_& m) {
         py::arg("stream"), py::arg("tag") = 0u,
         "Device barrier over the group: signal every peer's flags[rank] with epoch+1, wait for "
         "this rank's flags to reach it (bounded: a timeout sets status bit 4), store the epoch. "
-        "flags: uint32 [3 * ep] (epochs, then two rows of tags); a peer that signalled another "
-        "nonzero `tag` at this barrier sets status bit 32.");
+        "flags: uint32 [5 * ep] (epochs, two rows of tags, two of status words); a peer that "
+        "signalled another nonzero `tag` at this barrier sets status bit 32, and every peer's "
+        "status word is ORed into this rank's.");
   m.def("comm_all_gather", &comm_all_gather, py::arg("src"), py::arg("dst_table"),
         py::arg("bytes"), py::arg("rank"), py::arg("ep"), py::arg("stream"),
         "Store `bytes` from src at offset rank*bytes of every rank's buffer (no barrier).");

@@ -17,21 +17,30 @@ constexpr int kMaxGatherCtasPerPeer = 16;
 
 // One CTA. Thread p signals peer p, then waits for peer p's signal; the epoch counter is read
 // before and written after, by thread 0, so every thread uses the same epoch and the next barrier
-// (next kernel in the stream) uses the one after it. With the epoch each rank leaves its tag in
-// the peer's tag row of the epoch's parity, before the release that signals the epoch: a peer
-// at most one barrier ahead writes the other row, so the row read after the acquire holds the
-// tag of this very barrier. Ranks at the same barrier with other tags (0: untagged) ran other
-// code: the status word says so instead of their exchanges mixing silently.
+// (next kernel in the stream) uses the one after it. With the epoch each rank leaves its tag and
+// its status word in the peer's rows of the epoch's parity, before the release that signals the
+// epoch: a peer at most one barrier ahead writes the other parity's rows, so the rows read after
+// the acquire hold this very barrier's. Ranks at the same barrier with other tags (0: untagged)
+// ran other code: the status word says so instead of their exchanges mixing silently. Each rank
+// ORs its peers' status words into its own, so what one rank recorded before a barrier is every
+// rank's verdict after it.
 __global__ void __launch_bounds__(kBarrierThreads) barrier_kernel(BarrierArgs a) {
   __shared__ uint32_t s_epoch;
-  if (threadIdx.x == 0) s_epoch = *a.epoch + 1;
+  __shared__ int s_status;
+  if (threadIdx.x == 0) {
+    s_epoch = *a.epoch + 1;
+    s_status = *reinterpret_cast<volatile int*>(a.status);
+  }
   __syncthreads();
   const uint32_t epoch = s_epoch;
-  const int tag_row = a.ep * (1 + static_cast<int>(epoch & 1u));
+  const int parity = static_cast<int>(epoch & 1u);
+  const int tag_row = a.ep * (1 + parity);
+  const int status_row = a.ep * (3 + parity);
   for (int peer = threadIdx.x; peer < a.ep; peer += blockDim.x) {
     if (peer == a.rank) continue;
     uint32_t* peer_flags = reinterpret_cast<uint32_t*>(a.flag_table[peer]);
     *reinterpret_cast<volatile uint32_t*>(peer_flags + tag_row + a.rank) = a.tag;
+    *reinterpret_cast<volatile uint32_t*>(peer_flags + status_row + a.rank) = s_status;
     // Belt and braces: the kernels before this one in the stream fenced their own peer stores;
     // this fence also covers writes this thread merely observed.
     system_fence();
@@ -41,6 +50,8 @@ __global__ void __launch_bounds__(kBarrierThreads) barrier_kernel(BarrierArgs a)
     if (peer == a.rank || !wait_flag(a.flags + peer, epoch, a.timeout_ns, a.status)) continue;
     const uint32_t theirs = *reinterpret_cast<volatile uint32_t*>(a.flags + tag_row + peer);
     if (a.tag != 0u && theirs != 0u && theirs != a.tag) atomicOr(a.status, kStatusOutOfStep);
+    const uint32_t peer_status = *reinterpret_cast<volatile uint32_t*>(a.flags + status_row + peer);
+    if (peer_status != 0u) atomicOr(a.status, static_cast<int>(peer_status));
   }
   __syncthreads();
   // A timed-out wait still advances the epoch: every rank counts the same barriers, so the

@@ -27,8 +27,9 @@ constexpr int kMaxRanks = 72;     // the largest EP group (one NVL72 domain)
 constexpr int kCopyThreads = 512;  // threads per CTA of the copy kernels
 
 // Device-side barrier over the group, epoch-tagged (see common/flags.cuh).
-// Flag words of a rank (uint32 [3 * ep]): [0, ep) the epoch of each rank's last signal, then two
-// rows of ep tags, the row of an epoch's parity holding the tag each rank signalled with.
+// Flag words of a rank (uint32 [5 * ep]): [0, ep) the epoch of each rank's last signal, then two
+// rows of ep tags and two rows of ep status words, the rows of an epoch's parity holding the tag
+// and the status word each rank signalled with.
 struct BarrierArgs {
   const uint64_t* flag_table = nullptr;  // [ep] every rank's flag words
   uint32_t* flags = nullptr;             // this rank's flag words: flags[r] = rank r's last epoch

@@ -14,7 +14,9 @@ cleared. A wait gives up after MOK_COMM_TIMEOUT_S seconds (mok.settings; default
 `mok.status.TIMEOUT` in `ws.status` instead of hanging. Every rank must call the functions below
 in the same order with the same `sync_*` choices, and one workspace serves one stream at a time;
 each barrier carries a tag naming what it separates ("pull x_buffer", ...), and a rank whose
-peer reached the same barrier under another tag records `mok.status.OUT_OF_STEP`.
+peer reached the same barrier under another tag records `mok.status.OUT_OF_STEP`. A barrier also
+ORs every peer's status word into each rank's, so what one rank recorded before it is every
+rank's verdict after it.
 
 By default every op is safe on its own, whatever ran before or runs after it:
 

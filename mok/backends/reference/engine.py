@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from mok import experts
+from mok import status as device_status
 from mok.backends.reference import exchange
 
 
@@ -24,16 +25,20 @@ class ReferenceEngine:
 
     `buffers` maps the workspace buffer names the passes use (x_buffer, d_y_buffer,
     router_weight_buffer, combine_buffer, d_x_routed_buffer, d_router_weight_buffer) to this
-    rank's tensors; `group` names the EP group (mok.backends.reference.exchange).
+    rank's tensors; `group` names the EP group (mok.backends.reference.exchange). With a
+    `status` word, every rank's word is ORed into each rank's after a pass's pushes, so what one
+    rank recorded in a pass (a schedule it had to contain) is every rank's verdict, as the CUDA
+    barriers make it.
     """
 
-    def __init__(self, buffers: dict[str, torch.Tensor], topk: int, group):
-        self.buffers, self.topk, self.group = buffers, topk, group
+    def __init__(self, buffers: dict[str, torch.Tensor], topk: int, group, status=None):
+        self.buffers, self.topk, self.group, self.status = buffers, topk, group, status
 
     @classmethod
     def of_workspace(cls, workspace) -> ReferenceEngine:
         buffers = {name: getattr(workspace, name) for name in PASS_BUFFERS}
-        return cls(buffers, workspace.topk, group_of(workspace))
+        status = workspace.status if workspace.ep_size > 1 else None
+        return cls(buffers, workspace.topk, group_of(workspace), status)
 
     # The collectives complete in call order and synchronise themselves, so `background` and
     # `sync` change nothing here.
@@ -60,6 +65,9 @@ class ReferenceEngine:
             destination = self.buffers[name].view(-1, *rows.shape[1:])
             exchange.push_rows(rows, schedule.peer_rank, schedule.peer_token_idx, destination,
                                self.group, name)  # fmt: skip
+        if self.status is not None:
+            words = exchange.all_gather(self.status, self.group, "status word")
+            device_status.or_words(self.status, words.flatten())
 
     @staticmethod
     def join() -> None:
