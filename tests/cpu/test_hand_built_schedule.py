@@ -93,3 +93,28 @@ def test_fused_ops_record_a_bad_schedule_in_the_devices_word(single_rank_group, 
     ops.dispatch_mlp_swiglu_combine_bwd_bf16(*args)
     with pytest.raises(status.MoKDeviceError, match="a schedule not made by build_schedule"):
         status.check(word)
+
+
+@pytest.mark.parametrize("ep", [2, 3])
+def test_one_ranks_bad_schedule_is_every_ranks_verdict(ep):
+    """The last rank's rows out of range drop routes of its peers' tokens: every rank's
+    check_status names the schedule (the status words are ORed after each pass's pushes)."""
+    from mok.testing import OneDeviceGroup
+
+    config = F.MoKConfig()
+    group = OneDeviceGroup(ep, config, device="cpu", num_local_tokens=T, hidden_size=H, topk=K)
+    x, rw = _inputs()
+
+    def rank_step(rank, ws):
+        top = torch.randint(0, ep * E, (T, K), generator=torch.Generator().manual_seed(rank))
+        built = F.build_schedule(ws, config, top, num_local_experts=E)
+        schedule = _spoil(built, "negative-token-index") if rank == ep - 1 else built
+        F.forward(config, ws, schedule, x, rw, None, None, None, *_weights())
+        try:
+            F.check_status(ws)
+        except status.MoKDeviceError as error:
+            return str(error)
+        return None
+
+    verdicts = group.run(rank_step)
+    assert all(v and "a schedule not made by build_schedule" in v for v in verdicts), verdicts

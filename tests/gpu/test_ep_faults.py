@@ -189,3 +189,27 @@ def test_a_hand_built_schedule_out_of_range_is_contained():
             F.check_status(ws)
 
     group.run(rank_step)
+
+
+def test_one_ranks_bad_schedule_is_every_ranks_verdict(group):
+    """The last rank's hand-built schedule holds a row out of range: its peers lose that row's
+    contribution, and every rank's check_status says so (the barriers OR the status words)."""
+    inputs = _inputs(group.ep_size)
+    last = group.ep_size - 1
+
+    def rank_step(rank, ws):
+        data = inputs[rank]
+        schedule = F.build_schedule(ws, CONFIG, data["top"], num_local_experts=CASE[3])
+        if rank == last:
+            peer_rank, peer_token_idx, *counts = (t.clone() for t in schedule.as_tuple())
+            peer_token_idx[0] = -3
+            schedule = MoKSchedule(peer_rank, peer_token_idx, *counts)
+        F.forward(CONFIG, ws, schedule, data["x"], data["rw"], *data["shared"], *data["routed"])
+        try:
+            F.check_status(ws)
+        except MoKDeviceError as error:
+            return str(error)
+        return None
+
+    verdicts = group.run(rank_step)
+    assert all(v and "a schedule not made by build_schedule" in v for v in verdicts), verdicts
