@@ -16,7 +16,6 @@ import argparse
 import dataclasses
 import itertools
 import json
-import os
 from pathlib import Path
 
 import harness
@@ -48,9 +47,11 @@ class Step:
     """One shape's workspace, weights and inputs, ready to time: `forward(index)` (schedule +
     forward) and `backward(state)` for a state that `forward` returned."""
 
-    def __init__(self, d: harness.Dist, shape: harness.Shape, sets: list, *, mxfp8: bool):
+    def __init__(self, d: harness.Dist, shape: harness.Shape, sets: list, *, mxfp8: bool,
+                 knobs: dict | None = None):  # fmt: skip
         self.sets = sets
-        self.config = F.MoKConfig(schedule_capacity_multiplier=capacity_multiplier(d.world))
+        multiplier = capacity_multiplier(d.world)
+        self.config = F.MoKConfig(schedule_capacity_multiplier=multiplier, **(knobs or {}))
         self.ws = F.create_workspace(
             self.config,
             d.group,
@@ -83,11 +84,13 @@ class Step:
 
 
 def run(
-    d: harness.Dist, timer: harness.Timer, shape: harness.Shape, sets: list, *, mxfp8: bool
-) -> dict:
-    """Time forward (schedule + forward) and backward; return timings, set 0's outputs and,
-    in `extra`, each pass's GPU busy time (harness.Timer.busy_ms; None on CPU)."""
-    step = Step(d, shape, sets, mxfp8=mxfp8)
+    d: harness.Dist, timer: harness.Timer, shape: harness.Shape, sets: list, *, mxfp8: bool,
+    knobs: dict | None = None,
+) -> dict:  # fmt: skip
+    """Time forward (schedule + forward) and backward with MoKConfig speed `knobs`; return
+    timings, set 0's outputs and, in `extra`, each pass's GPU busy time (harness.Timer.busy_ms;
+    None on CPU)."""
+    step = Step(d, shape, sets, mxfp8=mxfp8, knobs=knobs)
     fwd = timer.measure(step.forward)
     state = step.forward(0)
     bwd = timer.measure(lambda: step.backward(state))
@@ -115,17 +118,9 @@ def run_mxfp8(d, timer, shape, sets) -> dict:
 
 
 def run_bf16_foreground(d, timer, shape, sets) -> dict:
-    """BF16 with every exchange in the foreground on all SMs (MOK_OVERLAP_CTAS=0): what running
+    """BF16 with every exchange in the foreground on all SMs (overlap_ctas=0): what running
     them in the background of the shared expert buys, measured in the same run."""
-    before = os.environ.get("MOK_OVERLAP_CTAS")
-    os.environ["MOK_OVERLAP_CTAS"] = "0"
-    try:
-        return run(d, timer, shape, sets, mxfp8=False)
-    finally:
-        if before is None:
-            del os.environ["MOK_OVERLAP_CTAS"]
-        else:
-            os.environ["MOK_OVERLAP_CTAS"] = before
+    return run(d, timer, shape, sets, mxfp8=False, knobs={"overlap_ctas": 0})
 
 
 class GraphStep:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 
+from mok import settings
 from mok._arguments import check_multiple
 
 # Custom ops take the capacity as an int64; 2^62 rows leaves room for the padding added to it.
@@ -25,11 +26,26 @@ class MoKConfig:
     | schedule_capacity_multiplier       | routed rows per rank: see schedule_capacity          |
     | all_gather_top_experts_chunk_bytes | chunk of the routing all-gather (multiple of 16)     |
 
-    Today only `schedule_capacity_multiplier` changes what runs. The other five are checked
-    and passed to the ops as the original's callers expect, but nothing reads them yet: mok's
-    stages run one after another, and the overlapped engine that gives them their meaning is
-    still to come. Tuning them changes neither speed nor bits. mok's own process-wide switches
-    are environment variables, parsed in mok.settings.
+    Of these only `schedule_capacity_multiplier` changes what runs today. The other five are
+    checked and passed to the ops as the original's callers expect, but nothing reads them
+    yet: mok's stages run one after another, and the overlapped engine that gives them their
+    meaning is still to come. Tuning them changes neither speed nor bits.
+
+    mok adds its own speed knobs after them (keyword arguments; each defaults to its
+    environment variable, parsed in mok.settings, so a launcher can still set them there):
+
+    | field           | variable            | meaning                                        |
+    |-----------------|---------------------|------------------------------------------------|
+    | grouped_gemm    | MOK_GROUPED_GEMM    | routed GEMMs: auto / mok (mok's) / torch       |
+    | overlap_ctas    | MOK_OVERLAP_CTAS    | CTAs of a background exchange; 0: foreground   |
+    | swiglu_epilogue | MOK_SWIGLU_EPILOGUE | experimental: SwiGLU in the gate/up epilogue   |
+    | mxfp8_f16_rows  | MOK_MXFP8_F16       | experimental: MXFP8 gate/up GEMM on f16 rows   |
+
+    None of them changes a bit of the results; the two experimental ones were slower on every
+    GPU measured (docs/grouped-gemm.md). mok.functional's eager passes read them from the
+    config; under torch.compile, where the passes run inside the original's fused ops (whose
+    arguments carry no config), the environment's values apply. Process-wide settings (the
+    backend, the wait bound, debug checks) stay environment variables (mok.settings).
     """
 
     fwd_num_comm_sms: int = 40
@@ -38,6 +54,10 @@ class MoKConfig:
     macrobatch_size: int = 131072
     schedule_capacity_multiplier: float = 0.5
     all_gather_top_experts_chunk_bytes: int = 2048
+    grouped_gemm: str = field(default_factory=settings.grouped_gemm, kw_only=True)
+    overlap_ctas: int = field(default_factory=settings.overlap_ctas, kw_only=True)
+    swiglu_epilogue: bool = field(default_factory=settings.swiglu_epilogue, kw_only=True)
+    mxfp8_f16_rows: bool = field(default_factory=settings.mxfp8_f16_rows, kw_only=True)
 
     def __post_init__(self) -> None:
         check_multiple("fwd_num_comm_sms", self.fwd_num_comm_sms, 2)
@@ -56,6 +76,15 @@ class MoKConfig:
         check_multiple(
             "all_gather_top_experts_chunk_bytes", self.all_gather_top_experts_chunk_bytes, 16
         )
+        if self.grouped_gemm not in settings.GROUPED_GEMMS:
+            raise ValueError(
+                f"`grouped_gemm` must be one of {', '.join(settings.GROUPED_GEMMS)}, "
+                f"got {self.grouped_gemm!r}"
+            )
+        check_multiple("overlap_ctas", self.overlap_ctas, 1, minimum=0)
+        for name in ("swiglu_epilogue", "mxfp8_f16_rows"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"`{name}` must be a bool, got {getattr(self, name)!r}")
 
     def check_device(self, num_sms: int) -> None:
         """Comm SM counts must leave compute SMs on a device with `num_sms` multiprocessors."""

@@ -246,7 +246,7 @@ def forward(
         )
     else:
         ws.x_buffer.copy_(x)
-        engine = backends.engine(ws)
+        engine = backends.engine(ws, config)
         saved, _, shared_out = passes.forward(
             engine, ws.x_buffer, shared, routed, schedule, swiglu_limit, mxfp8
         )
@@ -336,8 +336,8 @@ def backward(
         out = fused_backward.run(config, ws, schedule, forward_context, grad_output, x,
                                  router_weights, shared, routed, swiglu_limit, mxfp8)  # fmt: skip
     else:
-        out = _backward_pass(ws, schedule, forward_context, grad_output, x, router_weights, shared,
-                             routed, swiglu_limit, mxfp8)  # fmt: skip
+        out = _backward_pass(config, ws, schedule, forward_context, grad_output, x, router_weights,
+                             shared, routed, swiglu_limit, mxfp8)  # fmt: skip
     epilogue = _eager_backend_or(ops.bwd_epilogue, "bwd_epilogue", ws.device)
     d_x = epilogue(out[0], ws.d_x_routed_buffer, ws.topk)
     d_router_weights = ws.d_router_weight_buffer.clone()
@@ -345,15 +345,15 @@ def backward(
     return (d_x, d_router_weights, out[10], out[12], out[14], out[9], out[11], out[13])
 
 
-def _backward_pass(ws, schedule, ctx, grad_output, x, router_weights, shared, routed, limit,
-                   mxfp8):  # fmt: skip
+def _backward_pass(config, ws, schedule, ctx, grad_output, x, router_weights, shared, routed,
+                   limit, mxfp8):  # fmt: skip
     """mok.passes.backward on the workspace's engine, its inputs copied into its buffers."""
     ws.d_y_buffer.copy_(grad_output)
     ws.router_weight_buffer.copy_(router_weights)
     ws.x_buffer.copy_(x)
     saved = (ctx.x_routed, ctx.gate_routed, ctx.up_routed, ctx.hidden_routed)
     shared_saved = None if shared is None else (ctx.gate_shared, ctx.up_shared, ctx.hidden_shared)
-    return passes.backward(backends.engine(ws), ws.d_y_buffer, shared, routed, saved,
+    return passes.backward(backends.engine(ws, config), ws.d_y_buffer, shared, routed, saved,
                            shared_saved, ws.x_buffer, schedule, limit, mxfp8)  # fmt: skip
 
 

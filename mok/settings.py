@@ -1,8 +1,10 @@
 """Runtime settings: every `MOK_*` environment variable, parsed and checked in this one module.
 
-`MoKConfig` holds the knobs of the original package; these are mok's process-wide switches.
-Each is read when it is used (so a test or a launcher may change the environment between
-steps), and a bad value raises ValueError naming the variable, on every backend.
+MOK_GROUPED_GEMM, MOK_OVERLAP_CTAS, MOK_SWIGLU_EPILOGUE and MOK_MXFP8_F16 are the defaults of
+`MoKConfig`'s speed knobs (its keyword fields after the original's six), read when a MoKConfig
+is made. The others are process-wide switches, read when they are used (so a test or a launcher
+may change the environment between steps). A bad value raises ValueError naming the variable, on
+every backend.
 
 | variable            | type  | default | meaning                                              |
 |---------------------|-------|---------|------------------------------------------------------|

@@ -53,24 +53,27 @@ def for_device(device: torch.device, *, traced: bool = False) -> ModuleType:
     return kernels
 
 
-def engine(workspace):
-    """mok.passes' engine on `workspace`'s buffers."""
-    return for_device(workspace.device).engine(workspace)
+def engine(workspace, config=None):
+    """mok.passes' engine on `workspace`'s buffers, with `config`'s speed knobs (None: a
+    default MoKConfig's, i.e. the environment's)."""
+    return for_device(workspace.device).engine(workspace, config)
 
 
-def routed_gemms(schedule, num_experts: int):
+def routed_gemms(schedule, num_experts: int, config=None):
     """The routed experts' GEMM engine for a schedule on a CUDA device: mok's grouped GEMMs
-    where the module has them, `torch._grouped_mm` otherwise or when MOK_GROUPED_GEMM=torch."""
+    where the module has them, `torch._grouped_mm` otherwise or when the config's
+    grouped_gemm (MOK_GROUPED_GEMM) is torch."""
     from mok.backends.cuda import grouped_gemm, routed_gemms
+    from mok.config import MoKConfig
 
+    config = config or MoKConfig()
     device = schedule[3].device
-    choice = settings.grouped_gemm()
-    if choice == "torch":
+    if config.grouped_gemm == "torch":
         return routed_gemms.GroupedGemms(schedule, num_experts)
     if grouped_gemm.available(device):
-        return routed_gemms.HopperGemms(schedule, num_experts)
-    if choice == "mok":
+        return routed_gemms.HopperGemms(schedule, num_experts, config)
+    if config.grouped_gemm == "mok":
         raise NotImplementedError(
-            f"MOK_GROUPED_GEMM=mok, but {device}'s module has no grouped GEMMs"
+            f"grouped_gemm='mok' (MOK_GROUPED_GEMM), but {device}'s module has no grouped GEMMs"
         )
     return routed_gemms.GroupedGemms(schedule, num_experts)

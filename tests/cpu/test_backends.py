@@ -12,6 +12,7 @@ from mok.backends.cuda.engine import CudaEngine
 from mok.backends.cuda.routed_gemms import GroupedGemms, HopperGemms
 from mok.backends.reference import kernels as reference_kernels
 from mok.backends.reference.engine import ReferenceEngine
+from mok.config import MoKConfig
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
 
@@ -119,40 +120,30 @@ def _cpu_schedule(experts: int = 2):
 
 
 @pytest.mark.parametrize("choice", ["auto", "torch"])
-def test_routed_gemms_fall_back_to_torch_without_mok_kernels(monkeypatch, choice):
-    monkeypatch.setenv("MOK_GROUPED_GEMM", choice)
-    assert isinstance(CudaEngine.routed_gemms(_cpu_schedule(), 2), GroupedGemms)
+def test_routed_gemms_fall_back_to_torch_without_mok_kernels(choice):
+    config = MoKConfig(grouped_gemm=choice)
+    assert isinstance(CudaEngine(None, config).routed_gemms(_cpu_schedule(), 2), GroupedGemms)
 
 
-def test_routed_gemms_mok_choice_needs_the_kernels(monkeypatch):
+def test_routed_gemms_mok_choice_needs_the_kernels():
+    with pytest.raises(NotImplementedError, match=r"grouped_gemm='mok' \(MOK_GROUPED_GEMM\), "
+                       "but cpu's module"):  # fmt: skip
+        backends.routed_gemms(_cpu_schedule(), 2, MoKConfig(grouped_gemm="mok"))
+
+
+def test_routed_gemms_take_the_environment_without_a_config(monkeypatch):
     monkeypatch.setenv("MOK_GROUPED_GEMM", "mok")
-    with pytest.raises(NotImplementedError, match="MOK_GROUPED_GEMM=mok, but cpu's module"):
-        CudaEngine.routed_gemms(_cpu_schedule(), 2)
-
-
-def test_routed_gemms_unknown_choice_is_named(monkeypatch):
+    with pytest.raises(NotImplementedError, match="grouped_gemm='mok'"):
+        backends.routed_gemms(_cpu_schedule(), 2)
     monkeypatch.setenv("MOK_GROUPED_GEMM", "cublas")
     with pytest.raises(ValueError, match="MOK_GROUPED_GEMM must be one of auto, mok, torch"):
-        CudaEngine.routed_gemms(_cpu_schedule(), 2)
+        backends.routed_gemms(_cpu_schedule(), 2)
 
 
-def test_swiglu_epilogue_switch_is_checked(monkeypatch):
-    monkeypatch.setenv("MOK_SWIGLU_EPILOGUE", "1")
-    assert HopperGemms(_cpu_schedule(), 2).swiglu_epilogue
-    monkeypatch.delenv("MOK_SWIGLU_EPILOGUE")
-    assert not HopperGemms(_cpu_schedule(), 2).swiglu_epilogue
-    monkeypatch.setenv("MOK_SWIGLU_EPILOGUE", "yes")
-    with pytest.raises(ValueError, match="MOK_SWIGLU_EPILOGUE must be one of 0, 1, got 'yes'"):
-        HopperGemms(_cpu_schedule(), 2)
-
-
-def test_mxfp8_f16_switch_is_checked(monkeypatch):
-    """The MXFP8 forward reads f16 rebased rows (M_GROUPED_MXFP8_NT_F16_ROWS) only with
-    MOK_MXFP8_F16=1."""
-    monkeypatch.delenv("MOK_MXFP8_F16", raising=False)
-    assert not HopperGemms(_cpu_schedule(), 2).reads_rebased_rows
-    monkeypatch.setenv("MOK_MXFP8_F16", "1")
-    assert HopperGemms(_cpu_schedule(), 2).reads_rebased_rows
-    monkeypatch.setenv("MOK_MXFP8_F16", "on")
-    with pytest.raises(ValueError, match="MOK_MXFP8_F16 must be one of 0, 1, got 'on'"):
-        HopperGemms(_cpu_schedule(), 2)
+def test_experimental_switches_come_from_the_config():
+    """The SwiGLU epilogue (M_GROUPED_BF16_NT_SWIGLU) and the MXFP8 forward's f16 rebased rows
+    (M_GROUPED_MXFP8_NT_F16_ROWS) run only when the config asks."""
+    assert not HopperGemms(_cpu_schedule(), 2, MoKConfig()).swiglu_epilogue
+    assert HopperGemms(_cpu_schedule(), 2, MoKConfig(swiglu_epilogue=True)).swiglu_epilogue
+    assert not HopperGemms(_cpu_schedule(), 2, MoKConfig()).reads_rebased_rows
+    assert HopperGemms(_cpu_schedule(), 2, MoKConfig(mxfp8_f16_rows=True)).reads_rebased_rows

@@ -11,8 +11,10 @@ from mok.functional import MoKConfig
 
 
 def test_fields_order_and_defaults():
-    fields = [(f.name, f.default) for f in dataclasses.fields(MoKConfig)]
-    assert fields == [
+    """The original's six fields first, in its order with its defaults; mok's speed knobs after
+    them, keyword-only, with the environment's values as defaults."""
+    fields = dataclasses.fields(MoKConfig)
+    assert [(f.name, f.default) for f in fields[:6]] == [
         ("fwd_num_comm_sms", 40),
         ("bwd_num_comm_sms", 28),
         ("minibatch_size", 4096),
@@ -20,6 +22,38 @@ def test_fields_order_and_defaults():
         ("schedule_capacity_multiplier", 0.5),
         ("all_gather_top_experts_chunk_bytes", 2048),
     ]
+    mok_knobs = ["grouped_gemm", "overlap_ctas", "swiglu_epilogue", "mxfp8_f16_rows"]
+    assert [f.name for f in fields[6:]] == mok_knobs
+    assert all(f.kw_only for f in fields[6:])
+    assert MoKConfig(40, 28, 4096, 131072, 0.5, 2048) == MoKConfig()
+
+
+def test_speed_knobs_default_to_the_environment(monkeypatch):
+    monkeypatch.setenv("MOK_OVERLAP_CTAS", "0")
+    monkeypatch.setenv("MOK_GROUPED_GEMM", "torch")
+    monkeypatch.setenv("MOK_SWIGLU_EPILOGUE", "1")
+    config = MoKConfig()
+    assert (config.overlap_ctas, config.grouped_gemm, config.swiglu_epilogue) == (0, "torch", True)
+    assert MoKConfig(overlap_ctas=8).overlap_ctas == 8, "an argument beats the environment"
+    monkeypatch.setenv("MOK_OVERLAP_CTAS", "-1")
+    with pytest.raises(ValueError, match="MOK_OVERLAP_CTAS must be a CTA count >= 0"):
+        MoKConfig()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"grouped_gemm": "cublas"}, ValueError, r"`grouped_gemm` must be one of auto, mok, torch"),
+        ({"overlap_ctas": -1}, ValueError, r"`overlap_ctas` must be >= 0, got -1"),
+        ({"overlap_ctas": 1.5}, TypeError, r"`overlap_ctas` must be an int"),
+        ({"swiglu_epilogue": "yes"}, TypeError, r"`swiglu_epilogue` must be a bool"),
+        ({"mxfp8_f16_rows": 1}, TypeError, r"`mxfp8_f16_rows` must be a bool"),
+    ],
+    ids=["grouped-gemm", "overlap-negative", "overlap-float", "epilogue-str", "f16-int"],
+)
+def test_speed_knobs_are_checked(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        MoKConfig(**kwargs)
 
 
 def test_frozen_and_slotted():

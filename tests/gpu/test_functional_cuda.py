@@ -8,6 +8,8 @@ the tolerances of DESIGN.md §7, and poisons the workspace buffers between runs.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -137,22 +139,20 @@ def _check_stale_memory(nccl_group, case, mode, stale):
 @pytest.mark.parametrize("mode", ["bf16", "mxfp8"])
 def test_background_exchanges_change_no_bit(nccl_group, monkeypatch, mode):
     """Exchanges overlapped with the shared expert give the bits of foreground ones; one CTA
-    (MOK_OVERLAP_CTAS=1) makes them run long, so a missing wait or an early free would show."""
+    (overlap_ctas=1) makes them run long, so a missing wait or an early free would show."""
     data = _make(CASES["dsv4-like"], _seed())
     assert passes.overlaps_shared(data["shared"], data["top"].shape[1]), "case must overlap"
     config, ws = _workspace(nccl_group, data)
-    monkeypatch.setenv("MOK_OVERLAP_CTAS", "0")
-    foreground, _ = step(ws, config, data, mode)
-    monkeypatch.setenv("MOK_OVERLAP_CTAS", "1")
-    background, _ = step(ws, config, data, mode)
+    foreground, _ = step(ws, dataclasses.replace(config, overlap_ctas=0), data, mode)
+    background, _ = step(ws, dataclasses.replace(config, overlap_ctas=1), data, mode)
     for name, a, b in zip(("out", *GRAD_NAMES), foreground, background, strict=True):
         assert torch.equal(a, b), f"{name}: background exchanges changed the result"
 
 
 def _switch_changes_no_bit(nccl_group, monkeypatch, case, mode, variable, target):
-    """The whole step with `variable` = 0, then 1; both must give the same bits, and
-    `target` = (module, function) must not run with it off. Returns (whether it ran with it
-    on, the workspace)."""
+    """The whole step with the config's switch `variable` off, then on; both must give the
+    same bits, and `target` = (module, function) must not run with it off. Returns (whether
+    it ran with it on, the workspace)."""
     data = _make(CASES[case], _seed())
     config, ws = _workspace(nccl_group, data)
     module, name = target
@@ -164,11 +164,9 @@ def _switch_changes_no_bit(nccl_group, monkeypatch, case, mode, variable, target
         return original(*args, **kwargs)
 
     monkeypatch.setattr(module, name, counted)
-    monkeypatch.setenv(variable, "0")
-    off, _ = step(ws, config, data, mode)
-    assert not launches, f"{name} ran although {variable}=0"
-    monkeypatch.setenv(variable, "1")
-    on, _ = step(ws, config, data, mode)
+    off, _ = step(ws, dataclasses.replace(config, **{variable: False}), data, mode)
+    assert not launches, f"{name} ran although {variable} is off"
+    on, _ = step(ws, dataclasses.replace(config, **{variable: True}), data, mode)
     for output, a, b in zip(("out", *GRAD_NAMES), off, on, strict=True):
         assert torch.equal(a, b), f"{output}: {variable}=1 changed the result"
     return bool(launches), ws
@@ -176,21 +174,21 @@ def _switch_changes_no_bit(nccl_group, monkeypatch, case, mode, variable, target
 
 @pytest.mark.parametrize("case", ["qwen3-235b-like", "smallest"])
 def test_swiglu_epilogue_changes_no_bit(nccl_group, monkeypatch, case):
-    """The gate/up GEMM with SwiGLU in its epilogue (MOK_SWIGLU_EPILOGUE=1) gives the bits of
+    """The gate/up GEMM with SwiGLU in its epilogue (swiglu_epilogue=True) gives the bits of
     the GEMM + SwiGLU kernel pair; "smallest" (I = 128) runs it, as qwen3-235b-like does."""
     target = (swiglu_epilogue, "linear_swiglu")
-    ran, _ = _switch_changes_no_bit(nccl_group, monkeypatch, case, "bf16",
-                                    "MOK_SWIGLU_EPILOGUE", target)  # fmt: skip
-    assert ran, "MOK_SWIGLU_EPILOGUE=1 did not run the SwiGLU epilogue"
+    ran, _ = _switch_changes_no_bit(nccl_group, monkeypatch, case, "bf16", "swiglu_epilogue",
+                                    target)  # fmt: skip
+    assert ran, "swiglu_epilogue=True did not run the SwiGLU epilogue"
 
 
 @pytest.mark.parametrize("case", ["dsv4-like", "smallest"])
 def test_mxfp8_f16_rows_change_no_bit(nccl_group, monkeypatch, case):
     """The MXFP8 forward's gate/up GEMM on f16 rows rebased per row (M_GROUPED_MXFP8_NT_F16_ROWS,
-    MOK_MXFP8_F16=1, at EP 1) gives the bits of M_GROUPED_MXFP8_NT on bf16 rows (the default) for
+    mxfp8_f16_rows=True, at EP 1) gives the bits of M_GROUPED_MXFP8_NT on bf16 rows (the default) for
     the whole step."""
     target = (f16_rows, "linear_mx_f16")
-    ran, ws = _switch_changes_no_bit(nccl_group, monkeypatch, case, "mxfp8", "MOK_MXFP8_F16",
+    ran, ws = _switch_changes_no_bit(nccl_group, monkeypatch, case, "mxfp8", "mxfp8_f16_rows",
                                      target)  # fmt: skip
     assert ran == (ws.ep_size == 1), "the f16 GEMM runs at EP 1 only (rebased rows are local)"
 

@@ -14,11 +14,12 @@ import functools
 
 import torch
 
-from mok import backends, settings
+from mok import backends
 from mok._arguments import describe
 from mok.backends.cuda import comm as cuda_comm
 from mok.backends.cuda import mxfp8_pulls
 from mok.backends.cuda.dense_gemms import DenseGemms
+from mok.config import MoKConfig
 from mok.experts import mx_round_d_out
 from mok.workspace import MoKWorkspace, same_layout
 
@@ -55,9 +56,10 @@ class CudaEngine:
     a fork and its join), so the barriers' epochs stay in step across ranks.
     """
 
-    def __init__(self, workspace: MoKWorkspace):
+    def __init__(self, workspace: MoKWorkspace, config: MoKConfig | None = None):
         self.ws = workspace
-        self.ctas = settings.overlap_ctas()
+        self.config = config or MoKConfig()
+        self.ctas = self.config.overlap_ctas
         self._waiting: torch.cuda.Stream | None = None  # the stream to join, when forked
         self._stand_ins: dict[str, torch.Tensor] = {}  # pushed-into buffer -> its argument
 
@@ -181,7 +183,8 @@ class CudaEngine:
                     sync_after=i == len(pushes) - 1, num_ctas=ctas,
                 )  # fmt: skip
 
-    routed_gemms = staticmethod(backends.routed_gemms)
+    def routed_gemms(self, schedule, num_experts: int):
+        return backends.routed_gemms(schedule, num_experts, self.config)
 
     def shared_gemms(self, tokens: int) -> DenseGemms:
         return DenseGemms(tokens, self.ws.device, self._background_sms)

@@ -34,9 +34,9 @@ def _workspace(group_name: str, name: str, tensor: torch.Tensor, ptrs=None) -> M
     return workspace
 
 
-def engine(workspace: MoKWorkspace) -> CudaEngine:
-    """mok.passes' engine on the workspace's own buffers."""
-    return CudaEngine(workspace)
+def engine(workspace: MoKWorkspace, config=None) -> CudaEngine:
+    """mok.passes' engine on the workspace's own buffers, with `config`'s speed knobs."""
+    return CudaEngine(workspace, config)
 
 
 def op_engine(buffers: dict[str, torch.Tensor], x_ptrs, topk: int, group_name: str):

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import torch
 
-from mok import settings
 from mok.backends.cuda import elementwise, grouped_gemm, mxfp8, weight_grads_mx
 from mok.backends.cuda.dense_gemms import CudaElementwise, transposed_view
 from mok.backends.cuda.experimental import f16_rows, swiglu_epilogue
+from mok.config import MoKConfig
 from mok.experts import ExpertEngine
 
 
@@ -73,7 +73,7 @@ class GroupedGemms(CudaMxfp8, ExpertEngine):
 class HopperGemms(CudaMxfp8, CudaElementwise, ExpertEngine):
     """Routed-expert GEMMs on mok's kernels (bf16 outputs, fp32 where the math keeps fp32)."""
 
-    def __init__(self, schedule, num_experts: int):
+    def __init__(self, schedule, num_experts: int, config: MoKConfig | None = None):
         # The GEMMs skip each segment's padding rows (peer_rank -1): every routed tensor holds
         # zeros there, so the linear kinds write those zeros themselves and the weight gradients
         # lose nothing by leaving the rows out. Rows past num_tokens (at EP >= 2 about half of a
@@ -83,12 +83,14 @@ class HopperGemms(CudaMxfp8, CudaElementwise, ExpertEngine):
         self.rows = schedule[3]
         self.num_tokens = schedule[2]
         self.num_experts = num_experts
-        self.swiglu_epilogue = settings.swiglu_epilogue()
-        # MOK_MXFP8_F16=1 (experimental): the MXFP8 forward's gate/up GEMM on f16 rows rebased
-        # per row (M_GROUPED_MXFP8_NT_F16_ROWS; pull_rounded writes them at EP 1) instead of
+        config = config or MoKConfig()
+        self.swiglu_epilogue = config.swiglu_epilogue
+        # mxfp8_f16_rows (MOK_MXFP8_F16=1, experimental): the MXFP8 forward's gate/up GEMM on
+        # f16 rows rebased per row (M_GROUPED_MXFP8_NT_F16_ROWS; pull_rounded writes them at EP 1)
+        # instead of
         # bf16 rows (M_GROUPED_MXFP8_NT). Off by default: its weights' preparation launches cost
         # the host-bound shapes more than the GEMM gains (docs/grouped-gemm.md).
-        self.reads_rebased_rows = settings.mxfp8_f16_rows()
+        self.reads_rebased_rows = config.mxfp8_f16_rows
 
     mx_weights_as_stored = True
 

@@ -18,7 +18,7 @@ routing = schedule_stage.routing
 schedule = schedule_stage.schedule
 
 
-def engine(workspace) -> ReferenceEngine:
+def engine(workspace, config=None) -> ReferenceEngine:
     """mok.passes' engine on a workspace's buffers."""
     return ReferenceEngine.of_workspace(workspace)
 
