@@ -24,7 +24,7 @@ Routed tensors have one row per schedule row (C). Barriers (engines whose exchan
 a pass has one before its pulls (the sources are written) and none after them, because the
 barrier before its pushes, which every rank reaches only after its own pulls, already keeps the
 sources from being overwritten; the pushes of a pass share one barrier before and one after.
-`pushes` is a list of (rows, destination buffer name). `background=True` lets an engine run the
+`name` is the mok.workspace.Buffer pulled from; `pushes` is a list of (rows, Buffer pushed into). `background=True` lets an engine run the
 exchange concurrently with the work enqueued after it, up to the next `join()`; the passes ask
 for it in the backward, where the shared expert's GEMMs, which need nothing from the exchange,
 are long enough to hide it (`overlaps_shared`), and in MXFP8, beside the dequantization of the
@@ -35,6 +35,7 @@ backward, of the saved activations. The results do not depend on it.
 from __future__ import annotations
 
 from mok import experts
+from mok.workspace import Buffer
 
 # Of the shared expert's GEMMs only the backward's hide exchanges: its phases (data gradients
 # beside the pulls, weight gradients beside the pushes) each take ~6·T·H·I_s FLOPs, an exchange
@@ -88,17 +89,17 @@ def forward(engine, x, shared, routed, schedule, limit, mxfp8: bool):
         # (memory-bound work that needs nothing from the exchange), and round after the join;
         # others pull and round in one pass (docs/mxfp8.md).
         x_rounded = engine.pull_rounded(
-            "x_buffer", rows, gemm, background=not gemm.mx_weights_as_stored,
+            Buffer.X, rows, gemm, background=not gemm.mx_weights_as_stored,
             sync=(True, False),
         )  # fmt: skip
         weights = experts.mxfp8_weights(*routed, gemm)
         engine.join()
         *saved, y = experts.forward_mxfp8(x_rounded(), weights, gemm, limit)
     else:
-        x_rows = engine.pull("x_buffer", rows, sync=(True, False))
+        x_rows = engine.pull(Buffer.X, rows, sync=(True, False))
         gate, up, hidden, y = experts.forward_bf16(x_rows, *routed, gemm, limit)
         saved = [x_rows, gate, up, hidden]
-    engine.push_all([(y, "combine_buffer")], schedule)
+    engine.push_all([(y, Buffer.COMBINE)], schedule)
     engine.hand_back_pushed()
     return saved, y, shared_out
 
@@ -125,10 +126,10 @@ def backward(engine, d_y, shared, routed, saved, shared_saved, x, schedule, limi
     rw_rows = engine.pull_router_weights(rows, background=background, sync=(True, False))
     sync = (False, False)
     if mxfp8:  # d_out's rows are read only rounded, in two forms (experts.mx_round_d_out)
-        d_out = engine.pull_rounded_rows("d_y_buffer", rows, gemm, rw_rows, background,
+        d_out = engine.pull_rounded_rows(Buffer.D_Y, rows, gemm, rw_rows, background,
                                          sync=sync)  # fmt: skip
     else:
-        d_out_rows = engine.pull("d_y_buffer", rows, background=background, sync=sync)
+        d_out_rows = engine.pull(Buffer.D_Y, rows, background=background, sync=sync)
     inputs = experts.mxfp8_backward_inputs(saved, routed, gemm) if mxfp8 else None
     if not overlap:  # the shared expert (if any) gets every SM; a no-op when nothing forked
         engine.join()
@@ -143,7 +144,7 @@ def backward(engine, d_y, shared, routed, saved, shared_saved, x, schedule, limi
     else:
         routed_out = experts.backward_bf16(d_out_rows, rw_rows, *saved, routed, gemm, limit)
     (d_x_r, d_rw, d_gate_r, d_up_r, d_hidden_r), routed_weight_grads = routed_out
-    pushes = [(d_x_r, "d_x_routed_buffer"), (d_rw, "d_router_weight_buffer")]
+    pushes = [(d_x_r, Buffer.D_X_ROUTED), (d_rw, Buffer.D_ROUTER_WEIGHT)]
     engine.push_all(pushes, schedule, background=overlap)
     routed_weight_grads.prepare()  # elementwise passes, beside a background push too
     d_wg_s, d_wu_s, d_wd_s = shared_weight_grads()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 import torch
 import torch.distributed as dist
@@ -20,6 +21,20 @@ from mok.host_group import HostGroup
 
 MAX_EP_SIZE = 72
 MAX_TOPK = 255
+
+
+class Buffer(StrEnum):
+    """The symmetric buffers a pass reads from its peers or writes into theirs: what the passes
+    name when they ask an engine to exchange rows (each is the MoKWorkspace field of its value,
+    with `<value>_ptrs` the peers' addresses)."""
+
+    X = "x_buffer"
+    D_Y = "d_y_buffer"
+    ROUTER_WEIGHT = "router_weight_buffer"
+    COMBINE = "combine_buffer"
+    D_X_ROUTED = "d_x_routed_buffer"
+    D_ROUTER_WEIGHT = "d_router_weight_buffer"
+
 
 # name -> (dtype, shape as a function of (EP, T, H, k)); all are symmetric across the group.
 _SYMMETRIC_BUFFERS = {

@@ -34,6 +34,7 @@ from mok.ops.fused_forward import (
     trailing_arguments,
 )
 from mok.ops.mxfp8 import mxfp8_quantize
+from mok.workspace import Buffer
 
 _MUTATED = ("d_x_routed_buffer", "d_router_weight_buffer")
 _MUTATED_BF16 = (*_MUTATED, "x_routed", "gate_routed", "up_routed", "hidden_routed")
@@ -222,9 +223,9 @@ def _backward(
     grads, buffers, shared, routed, saved, shared_saved, x_and_ptrs, schedule, topk, limit,
     group_name, mxfp8,
 ):  # fmt: skip
-    names = ("d_y_buffer", "router_weight_buffer", "d_x_routed_buffer", "d_router_weight_buffer")
+    names = (Buffer.D_Y, Buffer.ROUTER_WEIGHT, Buffer.D_X_ROUTED, Buffer.D_ROUTER_WEIGHT)
     x, x_ptrs = x_and_ptrs
-    buffers = dict(zip(names, (*grads, *buffers), strict=True)) | {"x_buffer": x}
+    buffers = dict(zip(names, (*grads, *buffers), strict=True)) | {Buffer.X: x}
     engine = backends.for_device(x.device).op_engine(buffers, x_ptrs, topk, group_name)
     if shared is None:
         shared_saved = None

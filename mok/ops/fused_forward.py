@@ -19,7 +19,7 @@ from mok._arguments import check_multiple, check_range, check_tensor
 from mok.backends.reference.exchange import resolve_group
 from mok.ops.schedule import schedule_status
 from mok.schedule import MoKSchedule, contained
-from mok.workspace import MAX_TOPK
+from mok.workspace import MAX_TOPK, Buffer
 
 Tensor = torch.Tensor
 OptTensor = torch.Tensor | None
@@ -123,7 +123,7 @@ def _forward(x_and_ptrs, combine_and_ptrs, shared_weights, routed, schedule, top
                backward=False)  # fmt: skip
     check_launch(num_comm_sms, macrobatch_size, minibatch_size, group_name, x_ptrs=x_ptrs,
                  combine_buffer_ptrs=combine_buffer_ptrs)  # fmt: skip
-    buffers = {"x_buffer": x, "combine_buffer": combine_buffer}
+    buffers = {Buffer.X: x, Buffer.COMBINE: combine_buffer}
     engine = backends.for_device(x.device).op_engine(buffers, x_ptrs, topk, group_name)
     shared = _shared(*shared_weights)
     schedule = op_schedule(schedule, x, x_ptrs, topk)

@@ -43,10 +43,10 @@ import torch
 from mok import settings
 from mok import status as device_status
 from mok.backends.cuda import extension as _extension
-from mok.workspace import MoKWorkspace
+from mok.workspace import Buffer, MoKWorkspace
 
-_PULL_SOURCES = ("x_buffer", "d_y_buffer")  # [T, H] buffers whose rows are tokens
-_PUSH_DESTINATIONS = ("combine_buffer", "d_x_routed_buffer", "d_router_weight_buffer")
+_PULL_SOURCES = (Buffer.X, Buffer.D_Y)  # [T, H] buffers whose rows are tokens
+_PUSH_DESTINATIONS = (Buffer.COMBINE, Buffer.D_X_ROUTED, Buffer.D_ROUTER_WEIGHT)
 
 
 def _run(ws: MoKWorkspace, kernel: str, **arguments) -> None:
@@ -294,7 +294,7 @@ def pull_router_weights(
     `pull_rows`."""
     source = ws.router_weight_buffer.view(-1)
     sync = (sync_before, sync_after)
-    return _pull(ws, "router_weight_buffer", source, schedule, out, 1, sync, num_ctas, zero_rest)
+    return _pull(ws, Buffer.ROUTER_WEIGHT, source, schedule, out, 1, sync, num_ctas, zero_rest)
 
 
 def push_rows(

@@ -21,7 +21,7 @@ from mok.backends.cuda import mxfp8_pulls
 from mok.backends.cuda.dense_gemms import DenseGemms
 from mok.config import MoKConfig
 from mok.experts import mx_round_d_out
-from mok.workspace import MoKWorkspace, same_layout
+from mok.workspace import Buffer, MoKWorkspace, same_layout
 
 _COMM_STREAMS: dict[int, torch.cuda.Stream] = {}
 
@@ -42,7 +42,7 @@ def _comm_stream(ws: MoKWorkspace) -> torch.cuda.Stream:
 
 
 # The symmetric buffers the peers push into (a pass's outputs); the others they pull from.
-PUSHED_INTO = ("combine_buffer", "d_x_routed_buffer", "d_router_weight_buffer")
+PUSHED_INTO = (Buffer.COMBINE, Buffer.D_X_ROUTED, Buffer.D_ROUTER_WEIGHT)
 
 
 class CudaEngine:

@@ -14,7 +14,7 @@ import torch
 from mok.backends.cuda import comm, epilogue, mxfp8
 from mok.backends.cuda import schedule as schedule_stage
 from mok.backends.cuda.engine import CudaEngine
-from mok.workspace import MoKWorkspace, workspace_for
+from mok.workspace import Buffer, MoKWorkspace, workspace_for
 
 routing = schedule_stage.routing
 schedule = schedule_stage.schedule
@@ -42,7 +42,7 @@ def engine(workspace: MoKWorkspace, config=None) -> CudaEngine:
 def op_engine(buffers: dict[str, torch.Tensor], x_ptrs, topk: int, group_name: str):
     """The engine of a fused op called with the original's flat arguments (see
     CudaEngine.with_stand_ins for arguments that are copies of the buffers)."""
-    workspace = _workspace(group_name, "x_buffer", buffers["x_buffer"], x_ptrs)
+    workspace = _workspace(group_name, Buffer.X, buffers[Buffer.X], x_ptrs)
     return CudaEngine.with_stand_ins(workspace, buffers)
 
 

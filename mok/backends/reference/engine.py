@@ -7,6 +7,7 @@ import torch
 from mok import experts
 from mok import status as device_status
 from mok.backends.reference import exchange
+from mok.workspace import Buffer
 
 
 def group_of(workspace):
@@ -16,8 +17,7 @@ def group_of(workspace):
 
 
 # The workspace buffers the passes read and write.
-PASS_BUFFERS = ("x_buffer", "d_y_buffer", "router_weight_buffer", "combine_buffer",
-                "d_x_routed_buffer", "d_router_weight_buffer")  # fmt: skip
+PASS_BUFFERS = tuple(Buffer)
 
 
 class ReferenceEngine:
@@ -57,7 +57,7 @@ class ReferenceEngine:
         return lambda: rounded
 
     def pull_router_weights(self, schedule, background=False, *, sync=(True, True)):
-        weights = self.buffers["router_weight_buffer"]
+        weights = self.buffers[Buffer.ROUTER_WEIGHT]
         return exchange.pull_router_weights(weights, schedule[0], schedule[1], self.group)
 
     def push_all(self, pushes, schedule, background: bool = False) -> None:
@@ -84,5 +84,5 @@ class ReferenceEngine:
         return experts.MaskedGemms(experts.row_experts(schedule[3], schedule[2], rows), num_experts)
 
     def shared_gemms(self, tokens: int) -> experts.MaskedGemms:
-        device = self.buffers["x_buffer"].device
+        device = self.buffers[Buffer.X].device
         return experts.MaskedGemms(torch.zeros(tokens, dtype=torch.int64, device=device), 1)
