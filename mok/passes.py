@@ -24,8 +24,9 @@ Routed tensors have one row per schedule row (C). Barriers (engines whose exchan
 a pass has one before its pulls (the sources are written) and none after them, because the
 barrier before its pushes, which every rank reaches only after its own pulls, already keeps the
 sources from being overwritten; the pushes of a pass share one barrier before and one after.
-`name` is the mok.workspace.Buffer pulled from; `pushes` is a list of (rows, Buffer pushed into). `background=True` lets an engine run the
-exchange concurrently with the work enqueued after it, up to the next `join()`; the passes ask
+`name` is the mok.workspace.Buffer pulled from; `pushes` is a list of (rows, Buffer pushed
+into). `background=True` lets an engine run the exchange concurrently with the work enqueued
+after it, up to the next `join()`; the passes ask
 for it in the backward, where the shared expert's GEMMs, which need nothing from the exchange,
 are long enough to hide it (`overlaps_shared`), and in MXFP8, beside the dequantization of the
 weights (forward: only for engines whose GEMMs need it, `mx_weights_as_stored` False) and,
