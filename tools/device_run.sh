@@ -4,7 +4,9 @@
 # EP 2, 4 and 8 as ranks of one process), the demo and the benchmarks, and writes
 # $OUT/summary.json with the logs. From the repository root there:
 #   MOK_GIT_COMMIT=<sha> bash tools/device_run.sh [extra pytest args]
-# MOK_SKIP_BENCH=1 skips the benchmarks. $OUT gets at most 7 files (the device tool brings 8).
+# MOK_SKIP_BENCH=1 skips the benchmarks. MOK_OVERLAY_TREE=1 puts this tree's mok/ over the
+# wheel's Python (its kernels, with Python changed since it was built; the summary says so).
+# $OUT gets at most 7 files (the device tool brings 8).
 # The benchmark's rows land in $OUT/bench/results.jsonl; back here, append them to the committed
 # table: cat <fetched>/bench/results.jsonl >> benchmarks/results.jsonl (benchmarks/README.md).
 set -uo pipefail
@@ -20,6 +22,11 @@ wheels=("$repo"/dist/mok-*.whl)
 site=/tmp/mok-site
 rm -rf "$site"
 python3 -m pip install --quiet --no-deps --no-index --target "$site" "${wheels[0]}" || exit 2
+if [[ -n "${MOK_OVERLAY_TREE:-}" ]]; then
+    cp -r "$repo/mok/." "$site/mok/"
+    echo "python overlaid from the tree at $(git -C "$repo" rev-parse --short HEAD 2>/dev/null)" \
+        > "$work/overlay.txt"
+fi
 export PYTHONPATH=$site MOK_EXPECT_INSTALLED=1 MOK_WHEEL=${wheels[0]}
 gpus=$(python3 -c 'import torch; print(torch.cuda.device_count())')
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$work/gpu.txt"
@@ -71,6 +78,8 @@ import json, pathlib, sys, xml.etree.ElementTree as ET
 out, work, demo_runs = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), int(sys.argv[3])
 summary = {"gpu": (work / "gpu.txt").read_text().strip().splitlines(),
            "load": (work / "load.txt").read_text().strip().splitlines()}
+if (work / "overlay.txt").exists():
+    summary["overlay"] = (work / "overlay.txt").read_text().strip()
 for name in ("gpu", "multi_gpu"):
     path = work / f"{name}.xml"
     if name == "multi_gpu" and not path.exists() and int(sys.argv[4]) < 2:
