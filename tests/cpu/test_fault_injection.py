@@ -22,6 +22,7 @@ from moe_scenarios import CONFIG_KWARGS, HIDDEN, LOCAL_EXPERTS, SCENARIOS, TOPK,
 
 from mok import MoKDeviceError
 from mok import functional as F
+from mok.schedule import MoKSchedule
 from mok.testing import HostGroupError, OneDeviceGroup
 
 SCENARIO = "bf16-shared-clamp"
@@ -29,9 +30,13 @@ HANG_S = 60  # a run that has not returned by then is a hang
 CLEAR = (ValueError, TypeError, MoKDeviceError, HostGroupError)
 
 
-def _step(ws, config, args, *, forward_twice=False, ctx_of_other=False):
+def _step(ws, config, args, *, forward_twice=False, ctx_of_other=False, spoil_schedule=False):
     """schedule, forward, backward with `args` (a dict of this rank's arguments)."""
     schedule = F.build_schedule(ws, config, args["top"], num_local_experts=args["experts"])
+    if spoil_schedule:  # a hand-built copy with one row's token index out of range
+        peer_rank, peer_token_idx, *counts = (t.clone() for t in schedule.as_tuple())
+        peer_token_idx[0] = -3
+        schedule = MoKSchedule(peer_rank, peer_token_idx, *counts)
     weights = (*args["shared"], *args["routed"])
     out, ctx = F.forward(config, ws, schedule, args["x"], args["rw"], *weights,
                          swiglu_limit=args["limit"])  # fmt: skip
@@ -82,6 +87,11 @@ FAULTS = {
         lambda a: a,
         {"ctx_of_other": True},
         r"out of step",
+    ),
+    "hand-built schedule out of range": (
+        lambda a: a,
+        {"spoil_schedule": True},
+        r"a schedule not made by build_schedule",
     ),
     "NaN token": (
         _bad("x", lambda t: t.clone().index_fill_(0, torch.tensor([0]), float("nan"))),

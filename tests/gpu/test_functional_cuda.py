@@ -185,8 +185,8 @@ def test_swiglu_epilogue_changes_no_bit(nccl_group, monkeypatch, case):
 @pytest.mark.parametrize("case", ["dsv4-like", "smallest"])
 def test_mxfp8_f16_rows_change_no_bit(nccl_group, monkeypatch, case):
     """The MXFP8 forward's gate/up GEMM on f16 rows rebased per row (M_GROUPED_MXFP8_NT_F16_ROWS,
-    mxfp8_f16_rows=True, at EP 1) gives the bits of M_GROUPED_MXFP8_NT on bf16 rows (the default) for
-    the whole step."""
+    mxfp8_f16_rows=True, at EP 1) gives the bits of M_GROUPED_MXFP8_NT on bf16 rows (the
+    default) for the whole step."""
     target = (f16_rows, "linear_mx_f16")
     ran, ws = _switch_changes_no_bit(nccl_group, monkeypatch, case, "mxfp8", "mxfp8_f16_rows",
                                      target)  # fmt: skip
