@@ -141,6 +141,18 @@ def test_the_wheel_ships_pyprojects_licence_files(evaluated):
     assert all((ROOT / path).is_file() for path in paths)
 
 
+def test_the_wheel_ships_pyprojects_console_scripts(evaluated):
+    """py_wheel's entry_points: pyproject.toml's [project.scripts], as the PEP 517 backend
+    writes them to entry_points.txt."""
+    sys.path.insert(0, str(ROOT / "tools" / "build"))
+    from mok_build import spec
+
+    (wheel,) = [c.attrs for c in evaluated.calls if c.key == cs.PY_WHEEL]
+    scripts = spec.load_project(ROOT).scripts
+    assert scripts == (("mok", "mok.cli:main"),)
+    assert wheel["entry_points"] == {"console_scripts": [f"{n} = {t}" for n, t in scripts]}
+
+
 def test_bazelrc_and_bazelversion():
     assert cs.check_bazelrc(ROOT) == []
 

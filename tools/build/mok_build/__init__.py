@@ -108,6 +108,8 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None) 
         dist_info = f"{project.dist_name}-{project.version}.dist-info"
         files[f"{dist_info}/METADATA"] = metadata.core_metadata(project, root).encode()
         files[f"{dist_info}/WHEEL"] = metadata.wheel_file(tag, project.version).encode()
+        if project.scripts:
+            files[f"{dist_info}/entry_points.txt"] = metadata.entry_points(project).encode()
         for path in project.license_files:  # PEP 639: at their paths under licenses/
             files[f"{dist_info}/licenses/{path}"] = (root / path).read_bytes()
         name = f"{project.dist_name}-{project.version}-{tag}.whl"

@@ -38,3 +38,9 @@ def wheel_file(tag: str, version: str) -> str:
         "Root-Is-Purelib: false\n"
         f"Tag: {tag}\n"
     )
+
+
+def entry_points(project: ProjectMetadata) -> str:
+    """dist-info/entry_points.txt: the console scripts of [project.scripts]."""
+    lines = ["[console_scripts]", *(f"{name} = {target}" for name, target in project.scripts)]
+    return "\n".join(lines) + "\n"

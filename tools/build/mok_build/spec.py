@@ -146,6 +146,8 @@ class ProjectMetadata:
     # Licence files (paths from the project root, PEP 639 `license-files`), shipped in the
     # wheel's dist-info/licenses/ and named by License-File lines.
     license_files: tuple[str, ...] = ()
+    # [project.scripts]: (command, "module:function"), written to dist-info/entry_points.txt.
+    scripts: tuple[tuple[str, str], ...] = ()
 
     @property
     def dist_name(self) -> str:
@@ -172,6 +174,7 @@ def load_project(root: Path) -> ProjectMetadata:
         readme=project.get("readme", "") if isinstance(project.get("readme"), str) else "",
         build_requires=tuple(data.get("build-system", {}).get("requires", ())),
         license_files=license_files(root, project.get("license-files", [])),
+        scripts=tuple(sorted(project.get("scripts", {}).items())),
     )
 
 
