@@ -50,8 +50,8 @@ def schedule_status(device: torch.device | str | None = None) -> torch.Tensor:
     device = torch.device("cpu" if device is None else device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    if device not in _DEVICE_WORDS:
-        _DEVICE_WORDS[device] = torch.zeros(1, dtype=torch.int32, device=device)
+    if device not in _DEVICE_WORDS:  # setdefault: threads of one process agree on one word
+        _DEVICE_WORDS.setdefault(device, torch.zeros(1, dtype=torch.int32, device=device))
     return _DEVICE_WORDS[device]
 
 
