@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
+import os
 from dataclasses import dataclass, field
 from fractions import Fraction
+from pathlib import Path
 
 from mok import settings
 from mok._arguments import check_multiple
@@ -85,6 +89,26 @@ class MoKConfig:
         for name in ("swiglu_epilogue", "mxfp8_f16_rows"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"`{name}` must be a bool, got {getattr(self, name)!r}")
+
+    def to_json(self) -> str:
+        """Every field as one JSON object (what `mok tune` writes; from_json reads it back)."""
+        return json.dumps(dataclasses.asdict(self), indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, source: str | os.PathLike) -> MoKConfig:
+        """A MoKConfig from a JSON object of its fields (text, or the path of a file holding
+        it); fields it leaves out keep their defaults, and every value is checked as on
+        construction. An unknown field is a ValueError naming it."""
+        text = str(source)
+        if not text.lstrip().startswith("{"):
+            text = Path(source).read_text(encoding="utf-8")
+        fields = json.loads(text)
+        if not isinstance(fields, dict):
+            raise ValueError(f"a MoKConfig JSON must be an object, got {type(fields).__name__}")
+        unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"MoKConfig has no field {', '.join(map(repr, unknown))}")
+        return cls(**fields)
 
     def check_device(self, num_sms: int) -> None:
         """Comm SM counts must leave compute SMs on a device with `num_sms` multiprocessors."""
