@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import pytest
 import torch
 from distributed import RankError, run_on_ranks
+from fault_helpers import status_message
 
 import mok
-from mok import MoKDeviceError
 from mok import functional as F
 
 EP_SIZES = (1, 2, 4)
@@ -212,15 +212,6 @@ def _step(ws, config, scenario: Scenario, inputs: dict, rank: int):
         config, ws, schedule, ctx, grad, x, rw, *shared, *bwd_weights, swiglu_limit=limit
     )
     return {"out": out, "grads": dict(zip(GRAD_NAMES, grads, strict=True))}, schedule, ctx
-
-
-def status_message(ws) -> str | None:
-    """The MoKDeviceError message check_status raises, or None; any other exception propagates."""
-    try:
-        F.check_status(ws)
-    except MoKDeviceError as error:
-        return str(error)
-    return None
 
 
 def _invalid_extras(ws, config, scenario: Scenario, inputs: dict, rank: int, ep: int) -> dict:

@@ -17,12 +17,12 @@ import threading
 
 import pytest
 import torch
+from fault_helpers import spoiled
 from moe_oracle import same_bits
 from moe_scenarios import CONFIG_KWARGS, HIDDEN, LOCAL_EXPERTS, SCENARIOS, TOPK, _local, make_inputs
 
 from mok import MoKDeviceError
 from mok import functional as F
-from mok.schedule import MoKSchedule
 from mok.testing import HostGroupError, OneDeviceGroup
 
 SCENARIO = "bf16-shared-clamp"
@@ -34,9 +34,7 @@ def _step(ws, config, args, *, forward_twice=False, ctx_of_other=False, spoil_sc
     """schedule, forward, backward with `args` (a dict of this rank's arguments)."""
     schedule = F.build_schedule(ws, config, args["top"], num_local_experts=args["experts"])
     if spoil_schedule:  # a hand-built copy with one row's token index out of range
-        peer_rank, peer_token_idx, *counts = (t.clone() for t in schedule.as_tuple())
-        peer_token_idx[0] = -3
-        schedule = MoKSchedule(peer_rank, peer_token_idx, *counts)
+        schedule = spoiled(schedule, "negative-token-index")
     weights = (*args["shared"], *args["routed"])
     out, ctx = F.forward(config, ws, schedule, args["x"], args["rw"], *weights,
                          swiglu_limit=args["limit"])  # fmt: skip

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from fault_helpers import SCHEDULE_FAULTS, spoiled, status_message
 from step_setup import single_rank_step
 
 from mok import functional as F
@@ -31,26 +32,10 @@ def _inputs():
 
 
 def _spoil(schedule: MoKSchedule, fault: str) -> MoKSchedule:
-    peer_rank, peer_token_idx, num_tokens, tokens_per_expert = (
-        t.clone() for t in schedule.as_tuple()
-    )
-    if fault == "token-index-past-T*k":
-        peer_token_idx[0] = T * K
-    elif fault == "negative-token-index":
-        peer_token_idx[0] = -3
-    elif fault == "peer-rank-past-EP":
-        peer_rank[0] = 1
-    elif fault == "peer-rank-below-minus-1":
-        peer_rank[0] = -2
-    elif fault == "num-tokens-past-the-rows":
-        num_tokens[0] = peer_rank.shape[0] + 256
-    elif fault == "counts-disagree":
-        tokens_per_expert[0] += 256
-    return MoKSchedule(peer_rank, peer_token_idx, num_tokens, tokens_per_expert)
+    return spoiled(schedule, fault, routes_per_rank=T * K, ep_size=1)
 
 
-FAULTS = ["token-index-past-T*k", "negative-token-index", "peer-rank-past-EP",
-          "peer-rank-below-minus-1", "num-tokens-past-the-rows", "counts-disagree"]  # fmt: skip
+FAULTS = list(SCHEDULE_FAULTS)
 
 
 def test_a_hand_built_copy_of_a_good_schedule_gives_the_same_step(single_rank_group):
@@ -110,11 +95,7 @@ def test_one_ranks_bad_schedule_is_every_ranks_verdict(ep):
         built = F.build_schedule(ws, config, top, num_local_experts=E)
         schedule = _spoil(built, "negative-token-index") if rank == ep - 1 else built
         F.forward(config, ws, schedule, x, rw, None, None, None, *_weights())
-        try:
-            F.check_status(ws)
-        except status.MoKDeviceError as error:
-            return str(error)
-        return None
+        return status_message(ws)
 
     verdicts = group.run(rank_step)
     assert all(v and "a schedule not made by build_schedule" in v for v in verdicts), verdicts

@@ -11,13 +11,13 @@ import os
 
 import pytest
 import torch
+from fault_helpers import spoiled, status_message
 from gpu_helpers import requires_gpu_module
 from gpu_steps import make, step
 
 from mok import MoKDeviceError, status
 from mok import functional as F
 from mok.backends.cuda import comm
-from mok.schedule import MoKSchedule
 from mok.testing import HostGroupError, OneDeviceGroup
 
 pytestmark = [
@@ -114,11 +114,7 @@ def test_an_inf_weight_of_an_invalid_route_contributes_zero(group):
         schedule = F.build_schedule(ws, CONFIG, data["top"], num_local_experts=CASE[3])
         out, _ = F.forward(CONFIG, ws, schedule, data["x"], data["rw"], *data["shared"],
                            *data["routed"])  # fmt: skip
-        try:
-            F.check_status(ws)
-        except MoKDeviceError as error:
-            return out, str(error)
-        return out, None
+        return out, status_message(ws)
 
     results = group.run(rank_step)
     assert all(torch.isfinite(out.float()).all() for out, _ in results)
@@ -175,10 +171,7 @@ def test_a_hand_built_schedule_out_of_range_is_contained():
 
     def rank_step(rank, ws):
         built = F.build_schedule(ws, CONFIG, data["top"], num_local_experts=local)
-        peer_rank, peer_token_idx, num_tokens, per_expert = (t.clone() for t in built.as_tuple())
-        peer_token_idx[0] = 10**6
-        peer_rank[1] = 5
-        bad = MoKSchedule(peer_rank, peer_token_idx, num_tokens, per_expert)
+        bad = spoiled(built, "token-index-past-T*k", routes_per_rank=tokens * topk)
         out, ctx = F.forward(CONFIG, ws, bad, data["x"], data["rw"], *data["shared"],
                              *data["routed"])  # fmt: skip
         F.backward(CONFIG, ws, bad, ctx, data["grad"], data["x"], data["rw"], *data["shared"],
@@ -201,15 +194,9 @@ def test_one_ranks_bad_schedule_is_every_ranks_verdict(group):
         data = inputs[rank]
         schedule = F.build_schedule(ws, CONFIG, data["top"], num_local_experts=CASE[3])
         if rank == last:
-            peer_rank, peer_token_idx, *counts = (t.clone() for t in schedule.as_tuple())
-            peer_token_idx[0] = -3
-            schedule = MoKSchedule(peer_rank, peer_token_idx, *counts)
+            schedule = spoiled(schedule, "negative-token-index")
         F.forward(CONFIG, ws, schedule, data["x"], data["rw"], *data["shared"], *data["routed"])
-        try:
-            F.check_status(ws)
-        except MoKDeviceError as error:
-            return str(error)
-        return None
+        return status_message(ws)
 
     verdicts = group.run(rank_step)
     assert all(v and "a schedule not made by build_schedule" in v for v in verdicts), verdicts
