@@ -75,9 +75,9 @@ nix-wheels: env
 GPUS ?= 1
 RESULTS ?= benchmarks/local/results.jsonl
 run-benchmarks: env
-	PYTHONPATH=. $(VENV)/bin/torchrun --standalone --nproc-per-node=$(GPUS) benchmarks/run.py \
+	PYTHONPATH=. $(VENV)/bin/torchrun --standalone --nproc-per-node=$(GPUS) -m mok.bench.run \
 		--out $(RESULTS) $(if $(shell nvidia-smi -L 2>/dev/null),,--smoke)
-	PYTHONPATH=. $(PY) benchmarks/plot.py $(RESULTS) --out benchmarks/local/chart.png
+	PYTHONPATH=. $(PY) -m mok.bench.chart $(RESULTS) --out benchmarks/local/chart.png
 
 clean:
 	rm -rf build dist $(VENV) .venv-test

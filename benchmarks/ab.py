@@ -1,18 +1,19 @@
-"""Interleaved A/B of mok builds: run.py's measurements for each arm in turn, round after round.
+"""Interleaved A/B of mok builds: mok.bench.run's measurements for each arm in turn, round by round.
 
     python3 benchmarks/ab.py --out DIR --arm old=dist/old/mok-*.whl --arm new=dist/new/mok-*.whl \
-        [--rounds 2] [--nproc 1] [-- run.py options, e.g. --systems mok_mxfp8 --budget-s 1.0]
+        [--rounds 2] [--nproc 1] [-- mok.bench.run options, e.g. --systems mok_mxfp8 --budget-s 1.0]
 
 An arm is NAME=PATH: a wheel, installed with pip into DIR/site-NAME (no dependencies, no index:
-the device machine has no network), or a directory that holds the `mok` package, used as it is.
+the device machine has no network; a wheel older than the harness's move into the package gets
+this tree's mok/bench), or a directory that holds the `mok` package, used as it is.
 The arms run one after the other within each round, so every arm meets the GPU in the same
 states (clocks and temperature drift over minutes; README.md, "Method"), and the spread between
-rounds shows how much a difference between arms means. Each measurement is run.py's, through
-torchrun, into DIR/NAME-ROUND/results.jsonl; the table gives per system, shape and EP every arm's
-forward and backward medians round by round (the passes' GEMMs alone, run.py's `gemms:` lines,
-included; mok's eager passes also with their GPU busy ms, the steady measure of a build's GPU
+rounds shows how much a difference between arms means. Each measurement is mok.bench.run's,
+through torchrun, into DIR/NAME-ROUND/results.jsonl; the table gives per system, shape and EP
+every arm's forward and backward medians round by round (the passes' GEMMs alone, its `gemms:`
+lines, included; mok's eager passes also with their GPU busy ms, the steady measure of a build's GPU
 work where the host sets the timed ms), and DIR/ab.json holds them with the `mok` each arm
-imported (its path and build commit, from run.py's rows).
+imported (its path and build commit, from mok.bench.run's rows).
 """
 
 from __future__ import annotations
@@ -20,14 +21,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import results
+from mok.bench import results
 
-RUN = Path(__file__).resolve().parent / "run.py"
+# The harness of this tree: it measures an arm whose wheel predates mok.bench.
+BENCH = Path(__file__).resolve().parent.parent / "mok" / "bench"
 ROWS = "results.jsonl"
 
 
@@ -37,13 +40,15 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--arm", action="append", required=True, help="NAME=PATH (wheel or directory)")
     p.add_argument("--rounds", type=int, default=2, help="rounds of every arm (default 2)")
     p.add_argument("--nproc", type=int, default=1, help="ranks, i.e. EP (default 1)")
-    p.add_argument("--timeout-s", type=float, help="limit for one run.py call (default none)")
+    p.add_argument(
+        "--timeout-s", type=float, help="limit for one mok.bench.run call (default none)"
+    )
     ours, theirs = _split(argv)
     args = p.parse_args(ours)
     if args.rounds < 1 or args.nproc < 1:
         p.error(f"--rounds and --nproc must be >= 1, got {args.rounds} and {args.nproc}")
     if "--out" in theirs:
-        p.error("run.py's --out is set by ab.py (DIR/NAME-ROUND); leave it out after --")
+        p.error("mok.bench.run's --out is set by ab.py (DIR/NAME-ROUND); leave it out after --")
     args.arms = [_arm(p, text) for text in args.arm]
     names = [name for name, _ in args.arms]
     if len(set(names)) != len(names):
@@ -52,7 +57,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def _split(argv: list[str]) -> tuple[list[str], list[str]]:
-    """ab.py's own arguments, and run.py's (after `--`)."""
+    """ab.py's own arguments, and mok.bench.run's (after `--`)."""
     if "--" not in argv:
         return argv, []
     cut = argv.index("--")
@@ -69,6 +74,8 @@ def _arm(parser: argparse.ArgumentParser, text: str) -> tuple[str, Path]:
     wheel = location.is_file() and location.suffix == ".whl"
     if not wheel and not (location / "mok" / "__init__.py").is_file():
         parser.error(f"--arm {name}: {path} is neither a .whl file nor a directory holding mok/")
+    if not wheel and not (location / "mok" / "bench").is_dir():
+        parser.error(f"--arm {name}: {path}/mok has no bench/ (the harness); pass a wheel instead")
     return name, location.resolve()
 
 
@@ -80,18 +87,26 @@ def site_of(name: str, location: Path, out: Path) -> Path:
     command = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
     command += ["--no-deps", "--no-index", "--upgrade", "--target", str(site), str(location)]
     subprocess.run(command, check=True)
+    if not (site / "mok" / "bench").is_dir():
+        shutil.copytree(BENCH, site / "mok" / "bench")
     return site
 
 
 def run_arm(site: Path, out: Path, nproc: int, options: list[str], timeout_s) -> None:
-    """One run.py call with this arm's mok first on the path (ranks run the script from
-    benchmarks/, so the repository's own mok/ is not on their path unless an arm puts it
-    there)."""
+    """One mok.bench.run call with this arm's mok first on the path (the ranks run from `out`,
+    so the repository's own mok/ is not on their path unless an arm puts it there)."""
     out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), env.get("PYTHONPATH")) if p)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    command += [f"--nproc-per-node={nproc}", str(RUN), "--out", str(out / ROWS), *options]
+    command += [
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "mok.bench.run",
+        "--out",
+        str(out / ROWS),
+        *options,
+    ]
     subprocess.run(command, env=env, check=True, timeout=timeout_s, cwd=out)
 
 
@@ -105,7 +120,7 @@ def collect(out: Path, names: list[str], rounds: int) -> list[dict]:
 
 
 def _add_run(rows: dict[tuple, dict], name: str, measured: list[dict]) -> None:
-    """One run.py run's table rows into `rows`, as arm `name`'s next round: the whole passes
+    """One mok.bench.run run's table rows into `rows`, as arm `name`'s next round: the whole passes
     and the passes' GEMMs alone (`gemms:<kernels>`); single GEMMs have rates, not times."""
     for one in measured:
         if one["system"].startswith("gemm:"):

@@ -25,9 +25,9 @@ import json
 import statistics
 import sys
 
-import harness
-import shapes
 import torch
+
+from mok.bench import harness, shapes
 
 SYSTEMS = ("kind4", "kind0", "torch")
 GEMMS = ("gate", "down")

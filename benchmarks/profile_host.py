@@ -3,7 +3,7 @@
     torchrun --standalone --nproc-per-node=N benchmarks/profile_host.py --out DIR
         [--shapes NAME ...] [--mxfp8] [--calls 20] [--top 30] [--api]
 
-Sets up bench_mok's step outside the measurements and warms it up. Then, per pass (schedule +
+Sets up mok_step's step outside the measurements and warms it up. Then, per pass (schedule +
 forward, backward), on an idle GPU as the harness times it: the host time of the call
 (`perf_counter`, no sync inside), the GPU time between events recorded before and after the
 call, the time to the pass's first kernel and the GPU's idle time between its kernels, both spent
@@ -24,11 +24,11 @@ import pstats
 import statistics
 import time
 
-import bench_mok
-import harness
 import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile
+
+from mok.bench import harness, mok_step
 
 
 def timed_call(fn) -> tuple[object, float, float]:
@@ -108,7 +108,7 @@ def api_profile(fn, calls: int, top: int) -> dict:
 
 
 def main() -> int:
-    p = bench_mok.profiler_parser(__doc__, top=30)
+    p = mok_step.profiler_parser(__doc__, top=30)
     p.add_argument("--calls", type=int, default=20)
     p.add_argument("--api", action="store_true", help="CUDA API calls' and torch ops' host time")
     args = p.parse_args()
@@ -116,7 +116,7 @@ def main() -> int:
     mode = "mxfp8" if args.mxfp8 else "bf16"
     report = {}
     for name in args.shapes:
-        step = bench_mok.warm_step(d, harness.SHAPES[name], args.mxfp8, steps=3)
+        step = mok_step.warm_step(d, harness.SHAPES[name], args.mxfp8, steps=3)
         times = [None] * d.world  # every rank's: the slowest rank sets the step's time
         dist.all_gather_object(times, measure(step, args.calls), group=d.group)
         stats = host_profile(step, args.calls, args.top)
@@ -134,7 +134,7 @@ def main() -> int:
             print(stats)
             print(json.dumps(entry.get("api_us_per_call", {}), indent=1))
     if d.rank == 0:
-        bench_mok.write_report(args.out / f"host-{mode}.json", report)
+        mok_step.write_report(args.out / f"host-{mode}.json", report)
     dist.destroy_process_group()
     return 0
 

@@ -3,7 +3,7 @@
     torchrun --standalone --nproc-per-node=N benchmarks/profile_step.py --out DIR
         [--shapes NAME ...] [--mxfp8] [--top 25] [--overlap-ctas N ...]
 
-Sets up bench_mok's step (workspace, weights, inputs) outside the profiler, runs it twice to warm
+Sets up mok_step's step (workspace, weights, inputs) outside the profiler, runs it twice to warm
 up, then STEPS times under the profiler (schedule + forward, then backward); prints, per shape,
 the kernels by GPU time per step and the span from the first kernel's start to the last one's
 end (rank 0), then profiles one more step for its timeline (start, duration and stream of every
@@ -17,11 +17,11 @@ import collections
 import os
 import re
 
-import bench_mok
-import harness
 import torch
 import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile
+
+from mok.bench import harness, mok_step
 
 STEPS = 3
 
@@ -65,7 +65,7 @@ def timeline(prof) -> list[tuple[float, float, int, str]]:
 
 
 def profile_shape(d, shape, mxfp8: bool, top: int, label: str) -> dict:
-    step = bench_mok.warm_step(d, shape, mxfp8, steps=2)
+    step = mok_step.warm_step(d, shape, mxfp8, steps=2)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(STEPS):
@@ -85,7 +85,7 @@ def profile_shape(d, shape, mxfp8: bool, top: int, label: str) -> dict:
 
 
 def main() -> int:
-    p = bench_mok.profiler_parser(__doc__, top=25)
+    p = mok_step.profiler_parser(__doc__, top=25)
     p.add_argument("--overlap-ctas", nargs="+", help="MOK_OVERLAP_CTAS values to compare")
     args = p.parse_args()
     d = harness.setup_distributed(cpu=False, timeout_s=120.0)
@@ -97,7 +97,7 @@ def main() -> int:
             label = f"{name} {mode} EP {d.world} MOK_OVERLAP_CTAS={ctas or 'default'}"
             report[label] = profile_shape(d, harness.SHAPES[name], args.mxfp8, args.top, label)
     # Every rank's file: a barrier's wait on one rank is the other ranks' lateness.
-    bench_mok.write_report(args.out / f"profile-{mode}-rank{d.rank}.json", report)
+    mok_step.write_report(args.out / f"profile-{mode}-rank{d.rank}.json", report)
     dist.destroy_process_group()
     return 0
 

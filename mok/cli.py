@@ -1,6 +1,13 @@
 """`mok` on the command line (the wheel's console script).
 
     mok info      what this installation is and what serves this machine
+    mok bench     mok against the standard path (NCCL + torch._grouped_mm) here: table and chart
+    mok tune      sweep MoKConfig's knobs for one layer's sizes; write the fastest config
+
+`mok bench` and `mok tune` run in one process (EP 1, or `mok tune --ep N` ranks on one GPU) or
+under torchrun (`torchrun --nproc-per-node=N -m mok.cli bench`, one GPU per rank); their
+progress bar and charts use tqdm and matplotlib (`pip install 'mok[cli]'`), and without them
+they print a line per step and skip the chart.
 
 `mok info` prints the package and torch versions, the architectures the installed extension
 modules were built for with their compiler and commit, every visible CUDA device with the module
@@ -13,12 +20,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import torch
 
 import mok
 from mok import settings
 from mok.backends.cuda import extension
+from mok.bench import run, tune
 
 
 def build_facts() -> list[dict]:
@@ -91,15 +100,32 @@ def _print_info(facts: dict) -> None:
     print("settings: " + ", ".join(f"{k}={v}" for k, v in facts["settings"].items()))
 
 
+def bench(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """`mok bench`: mok.bench.run with its rows and chart in ./mok-bench/ by default."""
+    args.out = args.out or Path("mok-bench") / "results.jsonl"
+    if args.chart is None and not args.no_chart:
+        args.chart = args.out.with_name("chart.png")
+    return run.measure_all(run.resolve(parser, args))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mok", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", metavar="command")
     info_parser = commands.add_parser("info", help="what this installation is and what serves it")
     info_parser.add_argument("--json", action="store_true", help="one JSON object instead")
+    bench_parser = commands.add_parser("bench", help="mok against the standard path, here")
+    run.add_arguments(bench_parser, out_required=False)
+    bench_parser.add_argument("--no-chart", action="store_true", help="leave the chart out")
+    tune_parser = commands.add_parser("tune", help="the fastest MoKConfig for one layer's sizes")
+    tune.add_arguments(tune_parser)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 2
+    if args.command == "bench":
+        return bench(bench_parser, args)
+    if args.command == "tune":
+        return tune.tune(args)
     facts = info()
     if args.json:
         json.dump(facts, sys.stdout, indent=2)

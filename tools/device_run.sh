@@ -61,16 +61,16 @@ done
 if [[ -z "${MOK_SKIP_BENCH:-}" ]]; then
     mkdir -p "$out/bench"
     for ranks in $(printf '%s\n' 1 "$gpus" | sort -un); do
-        torchrun --standalone --nproc-per-node="$ranks" "$repo/benchmarks/run.py" \
+        torchrun --standalone --nproc-per-node="$ranks" -m mok.bench.run \
             --out "$out/bench/results.jsonl" --budget-s 1.0 --deadline-s 150 \
             >> "$out/bench.log" 2>&1
         tail -n 24 "$out/bench.log"
     done
     # N ranks on one GPU: the multi-rank machinery, labelled as such (benchmarks/README.md).
-    torchrun --standalone --nproc-per-node=1 "$repo/benchmarks/bench_one_gpu.py" \
+    torchrun --standalone --nproc-per-node=1 -m mok.bench.one_gpu \
         --out "$out/bench/results.jsonl" --precisions bf16 mxfp8 >> "$out/bench.log" 2>&1
     tail -n 8 "$out/bench.log"
-    python3 "$repo/benchmarks/plot.py" "$out/bench/results.jsonl" --out "$out/bench/chart.png"
+    python3 -m mok.bench.chart "$out/bench/results.jsonl" --out "$out/bench/chart.png"
 fi
 
 python3 - "$out" "$work" "$demo_runs" "$gpus" <<'PY'

@@ -1,4 +1,4 @@
-"""The results table (benchmarks/results.jsonl, benchmarks/results.py) and its chart (plot.py):
+"""The results table (benchmarks/results.jsonl, mok.bench.results) and its chart (mok.bench.chart):
 the committed rows parse and carry every required key, a record becomes rows as documented, the
 standings pick the newest run, and the chart of the committed table reads at a glance."""
 
@@ -51,9 +51,9 @@ def test_step_rows_hold_their_ratios(rows):
 
 
 def test_one_gpu_group_rows_compare_with_that_many_single_rank_steps():
-    """bench_one_gpu.py's rows: ep = N, every rank's FLOPs, vs_baseline = N x the 1-rank
+    """one_gpu.py's rows: ep = N, every rank's FLOPs, vs_baseline = N x the 1-rank
     group's time / the N-rank group's, labelled as one GPU; the standings list them apart."""
-    bench, results, harness = load("bench_one_gpu"), load("results"), load("harness")
+    bench, results, harness = load("one_gpu"), load("results"), load("harness")
     shape = load("shapes").SHAPES["qwen3-235b"]
     one = {p: harness.Timing(ms, ms, ms, 10, 1) for p, ms in (("fwd", 2.0), ("bwd", 4.0))}
     four = {p: harness.Timing(ms, ms, ms, 10, 1) for p, ms in (("fwd", 10.0), ("bwd", 16.0))}
@@ -72,7 +72,7 @@ def test_one_gpu_group_rows_compare_with_that_many_single_rank_steps():
 
 
 def test_a_failed_one_gpu_group_size_leaves_rows_with_its_error(monkeypatch):
-    bench = load("bench_one_gpu")
+    bench = load("one_gpu")
     shape = load("shapes").SHAPES["dsv4-pro"]
 
     def out_of_memory(*args):
@@ -171,8 +171,8 @@ def test_standings_take_the_newest_run_with_the_baseline_per_gpu_and_ep(rows):
 
 
 def test_plot_draws_the_committed_table_with_a_title_that_fits(tmp_path, rows):
-    pytest.importorskip("matplotlib", reason="plot.py needs matplotlib")
-    plot = load("plot")
+    pytest.importorskip("matplotlib", reason="the chart needs matplotlib")
+    plot = load("chart")
     fig = plot.figure(plot.select(rows))
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()

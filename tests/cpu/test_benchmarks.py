@@ -1,6 +1,6 @@
-"""The benchmark suite end to end on CPU: `benchmarks/run.py --smoke` through torchrun on 1 and 2
-gloo ranks (the path the device runbook takes, with tiny shapes and the reference backend), the
-rows it appends (benchmarks/results.py's schema), the baseline's correctness against a float64
+"""The benchmark suite end to end on CPU: `mok.bench.run --smoke` through torchrun on 1 and 2 gloo
+ranks (the path the device runbook takes, with tiny shapes and the reference backend), the
+rows it appends (mok/bench/results.py's schema), the baseline's correctness against a float64
 dense MoE (so the baseline the numbers are compared with is a correct MoE, not a strawman), and
 the chart.
 """
@@ -19,9 +19,6 @@ from bench_modules import BENCHMARKS
 from bench_modules import load as _load
 
 import mok
-
-if not (BENCHMARKS / "run.py").exists():
-    pytest.skip(f"benchmarks/ is not next to the tests ({BENCHMARKS})", allow_module_level=True)
 
 EP_SIZES = (1, 2)
 SYSTEMS = ("nccl_torch", "mok_bf16", "mok_bf16_fg", "mok_mxfp8")
@@ -48,7 +45,7 @@ def smoke(tmp_path_factory) -> dict:
     stdout = {}
     for ep in EP_SIZES:  # one after the other: both append to one table
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-        command += [f"--nproc-per-node={ep}", str(BENCHMARKS / "run.py"), "--smoke"]
+        command += [f"--nproc-per-node={ep}", "-m", "mok.bench.run", "--smoke"]
         done = subprocess.run(
             [*command, "--out", str(table)],
             env=_child_env(),
@@ -261,20 +258,19 @@ def test_each_expert_sees_about_2048_rows(name):
 
 
 def test_plot_writes_a_png(smoke):
-    pytest.importorskip("matplotlib", reason="plot.py needs matplotlib")
+    pytest.importorskip("matplotlib", reason="the chart needs matplotlib")
     png = smoke["dir"] / "chart.png"
-    assert _load("plot").main([str(smoke["table"]), "--out", str(png)]) == 0
+    assert _load("chart").main([str(smoke["table"]), "--out", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_profilers_share_options_warm_step_and_report(single_rank_group, tmp_path, monkeypatch):
-    """What benchmarks/profile_{step,host}.py share (bench_mok): their options, a warmed-up Step
+    """What benchmarks/profile_{step,host}.py share (mok_step): their options, a warmed-up Step
     (here on CPU, one rank, the smoke shape) and the JSON report."""
     import torch
 
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    import bench_mok
-    import harness
+    from mok.bench import harness
+    from mok.bench import mok_step as bench_mok
 
     args = bench_mok.profiler_parser("Title line.\nMore.", top=7).parse_args(["--out", "o"])
     assert (args.top, args.mxfp8, args.shapes) == (7, False, list(harness.SHAPES))

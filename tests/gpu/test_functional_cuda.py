@@ -74,7 +74,7 @@ def test_matches_reference(nccl_group, monkeypatch, case, mode, shared):
     _check_against_reference(nccl_group, monkeypatch, case, mode, shared)
 
 
-# The benchmark's sizes per rank (benchmarks/harness.py SHAPES: 4096 tokens, ~2048 rows per
+# The benchmark's sizes per rank (mok/bench/harness.py SHAPES: 4096 tokens, ~2048 rows per
 # expert), with or without the shared expert as there; CASES keeps the same H, I and top-k at
 # fewer tokens for the rest of the matrix.
 FULL_SIZE = {

@@ -1,6 +1,6 @@
 """Run the floors and every system on every shape in one process group; append the rows.
 
-    torchrun --standalone --nproc-per-node=N benchmarks/run.py --out FILE.jsonl [--smoke]
+    torchrun --standalone --nproc-per-node=N -m mok.bench.run --out FILE.jsonl [--smoke]
         [--shapes NAME ...] [--systems NAME ...]
 
 EP is the number of ranks. Rank 0 appends each measurement's rows to FILE.jsonl (results.py's
@@ -19,35 +19,33 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 import traceback
 from pathlib import Path
 
-import bench_mok
-import bench_nccl_torch
-import harness
-import results
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from floors import measure_floors
+
+from mok.bench import harness, mok_step, results, standard_path
+from mok.bench.floors import measure_floors
+from mok.bench.progress import Progress
 
 SYSTEMS = {
-    bench_nccl_torch.NAME: bench_nccl_torch.run,
-    "mok_bf16": bench_mok.run_bf16,
-    "mok_bf16_fg": bench_mok.run_bf16_foreground,
-    "mok_mxfp8": bench_mok.run_mxfp8,
-    "mok_bf16_cg": bench_mok.run_bf16_graph,
-    "mok_mxfp8_cg": bench_mok.run_mxfp8_graph,
+    standard_path.NAME: standard_path.run,
+    "mok_bf16": mok_step.run_bf16,
+    "mok_bf16_fg": mok_step.run_bf16_foreground,
+    "mok_mxfp8": mok_step.run_mxfp8,
+    "mok_bf16_cg": mok_step.run_bf16_graph,
+    "mok_mxfp8_cg": mok_step.run_mxfp8_graph,
 }
 # Systems that need a GPU: left out of --smoke's default systems.
 GPU_ONLY = ("mok_bf16_cg", "mok_mxfp8_cg")
 CHECKED = ("out", "d_x", "d_rw", "d_gate", "d_up", "d_down")
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, required=True, help="JSON-lines file the rows go to")
+def add_arguments(p: argparse.ArgumentParser, *, out_required: bool = True) -> None:
+    """The run's options (this module's and `mok bench`'s)."""
+    p.add_argument("--out", type=Path, required=out_required, help="JSON-lines file the rows go to")
     p.add_argument("--smoke", action="store_true", help="CPU, gloo, tiny shapes, few iterations")
     p.add_argument("--shapes", nargs="+", help="shape names (default: all of the mode)")
     p.add_argument("--systems", nargs="+", choices=list(SYSTEMS),
@@ -58,7 +56,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sets", type=int, default=2, help="rotating input sets (default 2)")
     p.add_argument("--deadline-s", type=float, default=150.0, help="skip what starts later")
     p.add_argument("--timeout-s", type=float, default=120.0, help="collective timeout")
-    args = p.parse_args(argv)
+    p.add_argument("--chart", type=Path, help="also draw the run's chart into this PNG")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(p)
+    return resolve(p, p.parse_args(argv))
+
+
+def resolve(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    """The parsed options with the mode's defaults filled in (shapes as Shape objects)."""
     table = harness.SMOKE_SHAPES if args.smoke else harness.SHAPES
     args.shapes = args.shapes or list(table)
     unknown = [name for name in args.shapes if name not in table]
@@ -147,7 +155,7 @@ class Session:
         sets = [harness.make_inputs(shape, d, i) for i in range(self.args.sets)]
         result = SYSTEMS[system](d, self.timer, shape, sets)
         outputs, check = result["outputs"], {}
-        if system == bench_nccl_torch.NAME:
+        if system == standard_path.NAME:
             self.baseline[shape.name] = outputs
         elif shape.name in self.baseline:
             check["vs_baseline"] = _compare_all(outputs, self.baseline[shape.name])
@@ -167,7 +175,7 @@ class Session:
 
     def rows(self, record: dict) -> list[dict]:
         """The table rows of a record (results.py), the baseline's of its shape beside it."""
-        if record["system"] == bench_nccl_torch.NAME:
+        if record["system"] == standard_path.NAME:
             self.baseline_records[record["shape"]] = record
         baseline = self.baseline_records.get(record["shape"])
         return results.rows_of(record, self.run["env"], self.run["floors"], self.d.world, baseline)
@@ -229,7 +237,7 @@ def _line(system: str, row: dict, fwd: dict, bwd: dict, rate: float | None, note
 def table(run: dict) -> str:
     """The compact summary: floors line, then one line per (system, shape); after the
     baseline's, its `gemm_pass` lines (each pass's GEMMs alone, `gemms:<kernels>`). `fwd busy`
-    and `bwd busy`: mok's eager passes' GPU busy ms (bench_mok), the steady measure where the
+    and `bwd busy`: mok's eager passes' GPU busy ms (mok_step), the steady measure where the
     host sets the timed ms."""
     f = run["floors"] or {}
     nv = f.get("nvlink") or {}
@@ -254,29 +262,42 @@ def table(run: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    return measure_all(parse_args(argv))
+
+
+def measure_all(args: argparse.Namespace) -> int:
+    """The floors, then every system on every shape; rank 0 appends the rows to args.out,
+    prints the table and draws args.chart. 1 if a system failed."""
     d = harness.setup_distributed(cpu=args.smoke, timeout_s=args.timeout_s)
-    start = time.monotonic()
     try:
         session = Session(args, d)
         session.floors()
-        for shape in args.shapes:
-            for system in args.systems:
+        pairs = [(shape, system) for shape in args.shapes for system in args.systems]
+        with Progress(len(pairs), "bench", enabled=d.rank == 0) as progress:
+            for shape, system in pairs:
                 row = session.one(system, shape)
                 session.run["records"].append(row)
                 if d.rank == 0:
                     results.append(args.out, session.rows(row))
-                    note = row.get("error") or row.get("skipped") or "ok"
-                    print(
-                        f"[{time.monotonic() - start:6.1f} s] {system} {shape.name}: {note}",
-                        flush=True,
-                    )
+                note = row.get("error") or row.get("skipped") or "ok"
+                progress.step(f"{system} {shape.name}: {note}")
         if d.rank == 0:
             print(table(session.run), flush=True)
+            if args.chart:
+                print(draw_chart(args.out, args.chart), flush=True)
         failed = any(r.get("error") for r in session.run["records"])
     finally:
         dist.destroy_process_group()
     return 1 if failed else 0
+
+
+def draw_chart(rows: Path, png: Path) -> str:
+    """The chart of the newest run in `rows`, or why there is none (matplotlib is optional)."""
+    try:
+        from mok.bench import chart
+    except ImportError as error:
+        return f"no chart: {error} (pip install 'mok[cli]' or matplotlib)"
+    return f"chart: {chart.plot(rows, png)}"
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The results table: `benchmarks/results.jsonl`, one JSON object a line, one row per measurement.
 
-    python benchmarks/results.py [TABLE]    # the standings: the newest run per GPU and EP
+    python -m mok.bench.results [TABLE] # the standings: the newest run per GPU and EP
 
 A row is one system on one shape at one EP, in one precision, for one pass (forward or
 backward), from one run of `run.py` (its commit, GPU, driver and torch). `run.py` appends the
@@ -13,7 +13,7 @@ system measures them. `system` names what was timed:
 
 | system                   | what                                      | vs_baseline        |
 |--------------------------|-------------------------------------------|--------------------|
-| nccl_torch               | the standard path (bench_nccl_torch.py)   | null               |
+| nccl_torch               | the standard path (standard_path.py)   | null               |
 | mok_bf16, mok_mxfp8, ... | a mok pass as `run.py --systems` names it | nccl_torch ms / ms |
 | gemms:torch, gemms:mok   | one pass's GEMMs alone, back to back      | gemms:torch / ms   |
 | gemm:<problem>           | one expert GEMM, mok's kernel (rate only) | mok / _grouped_mm  |
@@ -32,7 +32,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-TABLE = Path(__file__).resolve().parent / "results.jsonl"
+TABLE = Path("benchmarks") / "results.jsonl"  # the committed table, from the repository root
 BASELINE = "nccl_torch"
 PASSES = ("fwd", "bwd")
 # The outputs each pass produces, as run.py's checks name them.
@@ -313,7 +313,7 @@ def standings(run: list[dict]) -> str:
 
 
 def one_gpu_standings(rows: list[dict]) -> str:
-    """The newest one-GPU group run per GPU (bench_one_gpu.py): each pass's median per group size
+    """The newest one-GPU group run per GPU (one_gpu.py): each pass's median per group size
     and its ratio to that many 1-rank steps back to back. Not EP speed: HBM stands in for NVLink."""
     newest: dict[str, str] = {}
     grouped = [r for r in rows if r["system"].endswith("_1gpu_cg")]

@@ -36,12 +36,12 @@ mok columns are absent where the GPU's module has no grouped GEMMs (not sm_90a).
 
 from __future__ import annotations
 
-import harness
 import torch
 
 from mok.backends.cuda import grouped_gemm, mxfp8
 from mok.backends.cuda import weight_grads_mx as cuda_weight_grads_mx
 from mok.backends.cuda.experimental import f16_rows, swiglu_epilogue
+from mok.bench import harness
 
 REPEATS = 5
 

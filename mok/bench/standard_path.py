@@ -25,12 +25,12 @@ from __future__ import annotations
 import itertools
 from dataclasses import asdict, dataclass
 
-import bench_gemm
-import harness
 import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as dist_autograd
 import torch.nn.functional as F
+
+from mok.bench import gemms, harness
 
 NAME = "nccl_torch"
 
@@ -142,7 +142,7 @@ def moe_forward(
 
 def grouped_mm_rates(timer: harness.Timer, inputs: harness.Inputs, w: BaselineWeights, group):
     """Each expert GEMM alone on this rank's received rows of one step, torch._grouped_mm and
-    mok's kernels (bench_gemm): the yardstick "each >= 90% of _grouped_mm"; and each pass's
+    mok's kernels (gemms): the yardstick "each >= 90% of _grouped_mm"; and each pass's
     GEMMs alone, back to back (`gemm_pass`: the time its FLOPs take under sustained load)."""
     experts = w.down.shape[0]
     with torch.no_grad():
@@ -150,11 +150,11 @@ def grouped_mm_rates(timer: harness.Timer, inputs: harness.Inputs, w: BaselineWe
         send = inputs.x[plan.order // inputs.top.shape[1]]
         rows = _exchange(send, plan.output_splits, plan.input_splits, group)[plan.local_order]
         gate_up, down = w.gate_up.detach().contiguous(), w.down.detach().contiguous()
-    extra = bench_gemm.rates(timer, rows, plan.offs, gate_up, down)
+    extra = gemms.rates(timer, rows, plan.offs, gate_up, down)
     shared = None
     if w.shared_gate_up is not None:
         shared = (w.shared_gate_up.detach(), w.shared_down.detach())
-    passes = bench_gemm.pass_gemms(timer, rows, plan.offs, gate_up, down, inputs.x, shared)
+    passes = gemms.pass_gemms(timer, rows, plan.offs, gate_up, down, inputs.x, shared)
     extra["gemm_pass"] = {
         kernels: {phase: asdict(timing) for phase, timing in timings.items()}
         for kernels, timings in passes.items()

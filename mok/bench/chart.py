@@ -1,12 +1,12 @@
 """Chart one run of the results table: each system's time over the compute floor, by shape and EP.
 
-    python benchmarks/plot.py [TABLE] --out chart.png [--gpu NAME] [--commit SHA]
+    python -m mok.bench.chart [TABLE] --out chart.png [--gpu NAME] [--commit SHA]
 
 By default the newest run that measured the baseline, on its GPU, at every EP measured from
 that commit (the newest run of each). One panel per pass (forward, backward); a group of bars
 per (shape, EP), one bar per system, labelled with its median ms. The dashed line at 1 is the
 compute floor: the counted FLOPs at the bf16 GEMM rate measured in the same run; lower is
-better. The GEMMs alone (`gemms:`, `gemm:` rows) are left out: benchmarks/results.py prints them.
+better. The GEMMs alone (`gemms:`, `gemm:` rows) are left out: mok/bench/results.py prints them.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only: the device machine and CI have no display
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
-import results  # noqa: E402
+
+from mok.bench import results  # noqa: E402
 
 PHASES = (("fwd", "forward"), ("bwd", "backward"))
 LABELS = {
@@ -99,6 +100,32 @@ def plot(table: Path, out: Path, gpu: str | None = None, commit: str | None = No
     fig = figure(select(results.load(table), gpu, commit))
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def plot_sweep(points: list[dict], title: str, out: Path) -> Path:
+    """`mok tune`'s chart: a panel per knob, forward, backward and their sum (ms) over the
+    knob's values (plain numbers, evenly spaced), the value kept marked."""
+    knobs = list(dict.fromkeys(p["knob"] for p in points))
+    fig, axes = plt.subplots(len(knobs), 1, figsize=(8, 2.2 * len(knobs) + 1), squeeze=False,
+                             layout="constrained")  # fmt: skip
+    for ax, knob in zip(axes[:, 0], knobs, strict=True):
+        mine = [p for p in points if p["knob"] == knob]
+        x = range(len(mine))
+        for key, label in (("total_ms", "forward + backward"), ("fwd_ms", "forward"),
+                           ("bwd_ms", "backward")):  # fmt: skip
+            ax.plot(x, [p[key] for p in mine], marker="o", label=label)
+        kept = [i for i, p in enumerate(mine) if p.get("chosen")]
+        ax.plot(kept, [mine[i]["total_ms"] for i in kept], "k*", markersize=14, label="kept")
+        ax.set_xticks(list(x), [str(p["value"]) for p in mine])
+        ax.set_xlabel(knob)
+        ax.set_ylabel("ms")
+        ax.set_ylim(0, ax.get_ylim()[1] * 1.05)
+    axes[0, 0].legend(ncols=4, fontsize=8, loc="lower right")
+    fig.suptitle(title, fontsize=10)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
 

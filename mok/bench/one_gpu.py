@@ -1,6 +1,6 @@
 """N ranks of an EP group on one GPU (mok.testing.OneDeviceGroup): the whole group's passes, timed.
 
-    torchrun --standalone --nproc-per-node=1 benchmarks/bench_one_gpu.py --out FILE.jsonl
+    torchrun --standalone --nproc-per-node=1 benchmarks/one_gpu.py --out FILE.jsonl
         [--ranks 1 2 4 8] [--shapes qwen3-235b] [--precisions bf16 mxfp8]
 
 HBM stands in for NVLink here, and every rank's GEMMs share one GPU: this measures mok's
@@ -22,14 +22,12 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-import bench_mok
-import harness
-import results
 import torch
 import torch.distributed as dist
-from shapes import SHAPES, flops
 
 from mok import functional as F
+from mok.bench import harness, mok_step, results
+from mok.bench.shapes import SHAPES, flops
 from mok.testing import OneDeviceGroup
 
 NOTE = "{n} ranks on one GPU (mok.testing.OneDeviceGroup): HBM stands in for NVLink"
@@ -51,7 +49,7 @@ class GroupStep:
     captured in one CUDA graph each."""
 
     def __init__(self, d: harness.Dist, shape, ranks: int, mxfp8: bool):
-        self.config = F.MoKConfig(schedule_capacity_multiplier=bench_mok.capacity_multiplier(ranks))
+        self.config = F.MoKConfig(schedule_capacity_multiplier=mok_step.capacity_multiplier(ranks))
         self.group = OneDeviceGroup(ranks, self.config, device=d.device,
                                     num_local_tokens=shape.tokens, hidden_size=shape.hidden,
                                     topk=shape.topk)  # fmt: skip
@@ -61,7 +59,7 @@ class GroupStep:
             rank_d = harness.Dist(rank, ranks, d.device, d.group)
             self.inputs.append(harness.make_inputs(shape, rank_d, 0))
             weights = harness.make_weights(shape, rank, d.device)
-            self.forms.append(bench_mok._weight_forms(weights, mxfp8))
+            self.forms.append(mok_step._weight_forms(weights, mxfp8))
             self.shared.append(weights.shared or (None, None, None))
         self.contexts: list = [None] * ranks
 
@@ -150,7 +148,7 @@ def main(argv=None) -> int:
     d = harness.setup_distributed(cpu=False, timeout_s=120.0)
     try:
         if dist.get_world_size() != 1:
-            raise SystemExit("bench_one_gpu.py runs in one process: --nproc-per-node=1")
+            raise SystemExit("one_gpu.py runs in one process: --nproc-per-node=1")
         timer = harness.Timer(d, warmup_s=0.3, budget_s=args.budget_s, max_iters=args.max_iters)
         env = harness.environment(d)
         for name in args.shapes:

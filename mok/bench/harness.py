@@ -19,10 +19,11 @@ from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import power
 import torch
 import torch.distributed as dist
-from shapes import SHAPES, SMOKE_SHAPES, Shape, flops  # noqa: F401 (the harness's API)
+
+from mok.bench import power
+from mok.bench.shapes import SHAPES, SMOKE_SHAPES, Shape, flops  # noqa: F401 (the harness's API)
 
 # mok never uses NVLink multicast / NVLS (DESIGN.md §2.4); NCCL and symmetric memory must not
 # either, so that the baseline and mok run under the same rules.
@@ -50,16 +51,19 @@ class Dist:
 
 
 def setup_distributed(*, cpu: bool, timeout_s: float) -> Dist:
-    """Join the torchrun group: NCCL with one GPU per local rank, or gloo on CPU."""
+    """Join the torchrun group (NCCL with one GPU per local rank, or gloo on CPU); a process
+    not started by torchrun (`mok bench` on its own) is a group of one."""
     os.environ.update(MULTICAST_OFF)
     cuda = torch.cuda.is_available() and not cpu
     device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)
+    alone = {} if "RANK" in os.environ else {"store": dist.HashStore(), "rank": 0, "world_size": 1}
     dist.init_process_group(
         "nccl" if cuda else "gloo",
         timeout=timedelta(seconds=timeout_s),
         device_id=device if cuda else None,
+        **alone,
     )
     return Dist(dist.get_rank(), dist.get_world_size(), device, dist.group.WORLD)
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from harness import Dist, Timer, seeded_generator
+
+from mok.bench.harness import Dist, Timer, seeded_generator
 
 
 def gemm_tflops(d: Dist, timer: Timer, n: int) -> float:

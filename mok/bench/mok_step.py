@@ -18,11 +18,11 @@ import itertools
 import json
 from pathlib import Path
 
-import harness
 import torch
 
 from mok import functional as F
 from mok import ops
+from mok.bench import harness
 
 
 def capacity_multiplier(ep: int) -> float:

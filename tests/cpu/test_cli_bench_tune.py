@@ -1,0 +1,124 @@
+"""`mok bench` and `mok tune` on CPU (gloo, the reference backend, tiny sizes), each in a process of
+its own as a user runs it: the rows, the table, the config and the charts they write; and the
+sweep's rules (a knob moves only for a real gain; a point whose bits differ fails the run)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import mok
+from mok.bench import harness, tune
+from mok.bench.progress import Progress
+from mok.config import MoKConfig
+
+TINY = ["--hidden", "128", "--inter", "128", "--topk", "2", "--experts", "2", "--tokens", "64"]
+
+
+def _mok(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
+    root = str(Path(mok.__file__).resolve().parent.parent)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, *sys.path]))
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "MOK_BACKEND"):
+        env.pop(name, None)
+    command = [sys.executable, "-m", "mok.cli", *argv]
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _png(path: Path) -> bool:
+    return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_tune_writes_the_fastest_config_and_every_point(tmp_path):
+    knobs = ["overlap_ctas", "minibatch_size"]
+    done = _mok("tune", "--cpu", *TINY, "--ep", "2", "--shared", "--knobs", *knobs,
+                "--budget-s", "0", "--max-iters", "1", "--out", "out", cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "same bits at every point" in done.stdout
+    config = MoKConfig.from_json(tmp_path / "out" / "config.json")
+    lines = (tmp_path / "out" / "sweep.jsonl").read_text().splitlines()
+    points = [json.loads(line) for line in lines]
+    expected = [knob for knob in knobs for _ in tune.CANDIDATES[knob]]
+    assert [p["knob"] for p in points] == expected
+    assert all(p["same_bits"] and p["ep"] == 2 and p["gpu"] == "CPU" for p in points)
+    for knob in knobs:  # one value kept per knob: the config's
+        kept = [p["value"] for p in points if p["knob"] == knob and p["chosen"]]
+        assert kept == [getattr(config, knob)]
+    if (tmp_path / "out" / "sweep.png").exists() or "no chart" not in done.stdout:
+        assert _png(tmp_path / "out" / "sweep.png")
+
+
+def test_bench_runs_alone_and_writes_rows_table_and_chart(tmp_path):
+    """Without torchrun `mok bench` is a group of one (EP 1); its defaults put the rows and the
+    chart in ./mok-bench/."""
+    done = _mok("bench", "--smoke", "--shapes", "tiny", "--systems", "nccl_torch", "mok_bf16",
+                cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [json.loads(line) for line in (tmp_path / "mok-bench" / "results.jsonl").open()]
+    assert {r["system"] for r in rows} >= {"nccl_torch", "mok_bf16"}
+    assert {r["ep"] for r in rows} == {1}
+    assert "mok_bf16    tiny" in done.stdout  # the table
+    pytest.importorskip("matplotlib", reason="the chart needs matplotlib")
+    assert _png(tmp_path / "mok-bench" / "chart.png")
+
+
+class _Runner:
+    """A stand-in for a group: the time and the output bits of each config are given."""
+
+    def __init__(self, ms: dict, bits: dict | None = None):
+        self.ms, self.bits, self.config = ms, bits or {}, None
+
+    def use(self, config):
+        self.config = config
+
+    def outputs(self):
+        import torch
+
+        return [torch.tensor([self.bits.get(self.config.overlap_ctas, 0)])]
+
+    def passes(self):
+        ms = self.ms[self.config.overlap_ctas]
+        return (lambda: ms), (lambda: 0.0)
+
+
+class _Timer:
+    def agree_max(self, value):
+        return value
+
+    def measure(self, fn):
+        return harness.Timing(fn(), 0.0, 0.0, 1, 1)
+
+
+def _sweep(ms: dict, bits: dict | None = None) -> tune.Sweep:
+    base = MoKConfig(overlap_ctas=64)
+    sweep = tune.Sweep(_Runner(ms, bits), _Timer(), base, min_gain=0.02)
+    with Progress(len(ms), "test", enabled=False) as progress:
+        sweep.knob("overlap_ctas", None, progress)
+    return sweep
+
+
+def test_a_knob_moves_only_for_more_than_the_minimum_gain():
+    ms = {0: 9.9, 16: 10.0, 32: 10.0, 64: 10.0, 96: 10.0, 128: 10.0}
+    assert _sweep(ms).best.overlap_ctas == 64  # 1% faster: noise
+    ms[0] = 9.0
+    assert _sweep(ms).best.overlap_ctas == 0
+
+
+def test_a_point_with_other_bits_is_flagged():
+    ms = dict.fromkeys(tune.CANDIDATES["overlap_ctas"], 1.0)
+    sweep = _sweep(ms, bits={32: 1})
+    assert [p["value"] for p in sweep.points if not p["same_bits"]] == [32]
+
+
+def test_candidates_respect_the_device_and_the_minibatch():
+    base = MoKConfig(minibatch_size=8192, macrobatch_size=131072)
+    assert max(c.fwd_num_comm_sms for c in tune.candidates("fwd_num_comm_sms", base, 32)) == 32
+    macros = [c.macrobatch_size for c in tune.candidates("macrobatch_size", base, None)]
+    assert macros == [16384, 32768, 65536, 131072]
+    base = MoKConfig(minibatch_size=1024, macrobatch_size=16384)
+    minis = [c.minibatch_size for c in tune.candidates("minibatch_size", base, None)]
+    assert minis == [1024, 2048, 4096, 8192]
