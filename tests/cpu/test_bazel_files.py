@@ -153,6 +153,20 @@ def test_the_wheel_ships_pyprojects_console_scripts(evaluated):
     assert wheel["entry_points"] == {"console_scripts": [f"{n} = {t}" for n, t in scripts]}
 
 
+def test_the_wheel_declares_pyprojects_extras(evaluated):
+    """py_wheel's extra_requires: pyproject.toml's [project.optional-dependencies], which the PEP
+    517 backend writes as Provides-Extra and marked Requires-Dist lines."""
+    sys.path.insert(0, str(ROOT / "tools" / "build"))
+    from mok_build import metadata, spec
+
+    (wheel,) = [c.attrs for c in evaluated.calls if c.key == cs.PY_WHEEL]
+    project = spec.load_project(ROOT)
+    assert wheel["extra_requires"] == {extra: list(reqs) for extra, reqs in project.extras}
+    lines = metadata.core_metadata(project, ROOT).split("\n\n")[0].splitlines()
+    assert "Provides-Extra: cli" in lines
+    assert "Requires-Dist: tqdm>=4.66; extra == 'cli'" in lines
+
+
 def test_bazelrc_and_bazelversion():
     assert cs.check_bazelrc(ROOT) == []
 

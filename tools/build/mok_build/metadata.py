@@ -23,6 +23,9 @@ def core_metadata(project: ProjectMetadata, root: Path) -> str:
     if project.requires_python:
         lines.append(f"Requires-Python: {project.requires_python}")
     lines += [f"Requires-Dist: {requirement}" for requirement in project.dependencies]
+    for extra, requirements in project.extras:
+        lines.append(f"Provides-Extra: {extra}")
+        lines += [f"Requires-Dist: {req}; extra == '{extra}'" for req in requirements]
     readme = root / project.readme if project.readme else None
     if readme is not None and readme.is_file():
         kind = "text/markdown" if readme.suffix.lower() == ".md" else "text/plain"

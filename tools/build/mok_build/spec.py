@@ -148,6 +148,9 @@ class ProjectMetadata:
     license_files: tuple[str, ...] = ()
     # [project.scripts]: (command, "module:function"), written to dist-info/entry_points.txt.
     scripts: tuple[tuple[str, str], ...] = ()
+    # [project.optional-dependencies]: (extra, its requirements), as Provides-Extra and
+    # Requires-Dist lines with an `extra ==` marker.
+    extras: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     @property
     def dist_name(self) -> str:
@@ -175,6 +178,10 @@ def load_project(root: Path) -> ProjectMetadata:
         build_requires=tuple(data.get("build-system", {}).get("requires", ())),
         license_files=license_files(root, project.get("license-files", [])),
         scripts=tuple(sorted(project.get("scripts", {}).items())),
+        extras=tuple(
+            (extra, tuple(requirements))
+            for extra, requirements in sorted(project.get("optional-dependencies", {}).items())
+        ),
     )
 
 
