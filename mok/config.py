@@ -17,6 +17,11 @@ from mok._arguments import check_multiple
 MAX_SCHEDULE_CAPACITY = 2**62
 
 
+# mok's knobs that change speed, never bits or what the original's arguments say (the fields
+# after the original's six).
+SPEED_KNOBS = ("grouped_gemm", "overlap_ctas", "swiglu_epilogue", "mxfp8_f16_rows")
+
+
 @dataclass(frozen=True, slots=True)
 class MoKConfig:
     """Tuning knobs; field order and defaults are those of the original package.
@@ -47,8 +52,9 @@ class MoKConfig:
 
     None of them changes a bit of the results; the two experimental ones were slower on every
     GPU measured (docs/grouped-gemm.md). mok.functional's eager passes read them from the
-    config; under torch.compile, where the passes run inside the original's fused ops (whose
-    arguments carry no config), the environment's values apply. Process-wide settings (the
+    config, and under torch.compile, where the passes run inside the original's fused ops, it
+    hands them the config as their optional `mok_config` (to_json text); an op called in the
+    original's form, without it, uses the environment's values. Process-wide settings (the
     backend, the wait bound, debug checks) stay environment variables (mok.settings).
     """
 
@@ -89,6 +95,22 @@ class MoKConfig:
         for name in ("swiglu_epilogue", "mxfp8_f16_rows"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"`{name}` must be a bool, got {getattr(self, name)!r}")
+
+    def speed_json(self) -> str:
+        """mok's speed knobs (SPEED_KNOBS) as one JSON object: what the fused ops' `mok_config`
+        takes. Built from strings, not with json, so that torch.compile traces it to a
+        constant."""
+        items = []
+        for name in SPEED_KNOBS:
+            value = getattr(self, name)
+            if isinstance(value, bool):
+                text = "true" if value else "false"
+            elif isinstance(value, str):
+                text = '"' + value + '"'
+            else:
+                text = str(value)
+            items.append('"' + name + '": ' + text)
+        return "{" + ", ".join(items) + "}"
 
     def to_json(self) -> str:
         """Every field as one JSON object (what `mok tune` writes; from_json reads it back)."""

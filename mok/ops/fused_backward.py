@@ -28,6 +28,7 @@ from mok.ops.fused_forward import (
     _shared,
     check_launch,
     check_pass,
+    edge_config,
     interleave,
     op_schedule,
     present,
@@ -82,6 +83,7 @@ def dispatch_mlp_swiglu_combine_bwd_bf16(
     macrobatch_size: int,
     minibatch_size: int,
     group_name: str = "",
+    mok_config: str = "",
 ) -> _OUT_BF16:
     """BF16 backward (see the module docstring for the outputs)."""
     schedule = (schedule_peer_rank, schedule_peer_token_idx, num_tokens, tokens_per_expert)
@@ -107,7 +109,7 @@ def dispatch_mlp_swiglu_combine_bwd_bf16(
         schedule,
         topk,
         swiglu_limit,
-        group_name,
+        (group_name, edge_config(mok_config)),
         False,
     )
 
@@ -159,6 +161,7 @@ def dispatch_mlp_swiglu_combine_bwd_mxfp8(
     minibatch_size: int,
     group_name: str = "",
     routed_gradient_pairs: bool = True,
+    mok_config: str = "",
 ) -> _OUT_MXFP8:
     """MXFP8 backward (see the module docstring for the outputs)."""
     schedule = (schedule_peer_rank, schedule_peer_token_idx, num_tokens, tokens_per_expert)
@@ -194,7 +197,7 @@ def dispatch_mlp_swiglu_combine_bwd_mxfp8(
         schedule,
         topk,
         swiglu_limit,
-        group_name,
+        (group_name, edge_config(mok_config)),
         True,
     )
     return _with_pairs(outputs, routed_gradient_pairs)
@@ -221,12 +224,13 @@ def _check_saved(saved, x, schedule, w_routed_gate, w_shared_gate, *, mxfp8: boo
 
 def _backward(
     grads, buffers, shared, routed, saved, shared_saved, x_and_ptrs, schedule, topk, limit,
-    group_name, mxfp8,
+    edge, mxfp8,
 ):  # fmt: skip
+    """`edge`: (group name, the config of mok_config)."""
     names = (Buffer.D_Y, Buffer.ROUTER_WEIGHT, Buffer.D_X_ROUTED, Buffer.D_ROUTER_WEIGHT)
     x, x_ptrs = x_and_ptrs
     buffers = dict(zip(names, (*grads, *buffers), strict=True)) | {Buffer.X: x}
-    engine = backends.for_device(x.device).op_engine(buffers, x_ptrs, topk, group_name)
+    engine = backends.for_device(x.device).op_engine(buffers, x_ptrs, topk, *edge)
     if shared is None:
         shared_saved = None
     schedule = op_schedule(schedule, x, x_ptrs, topk)
@@ -248,10 +252,11 @@ def run(config, workspace, schedule, ctx, grad_output, x, router_weights, shared
     ws.x_buffer.copy_(x)
     args = original_arguments(config, ws, schedule, ctx, shared, routed, swiglu_limit, mxfp8)
     if mxfp8:
-        out = dispatch_mlp_swiglu_combine_bwd_mxfp8(*args, routed_gradient_pairs=False)
+        options = {"mok_config": config.speed_json()}
+        out = dispatch_mlp_swiglu_combine_bwd_mxfp8(*args, routed_gradient_pairs=False, **options)
         out = (*out[:3], None, out[5], None, out[8], out[9], None, *out[12:])
     else:
-        out = dispatch_mlp_swiglu_combine_bwd_bf16(*args)
+        out = dispatch_mlp_swiglu_combine_bwd_bf16(*args, mok_config=config.speed_json())
     if shared is not None:
         return tuple(out)
     return tuple(None if i in _SHARED_OUTPUTS else t for i, t in enumerate(out))
@@ -312,7 +317,7 @@ def _fake_outputs(x, w_shared_gate, capacity, num_experts, inter, pairs=None):
 
 
 @dispatch_mlp_swiglu_combine_bwd_bf16.register_fake
-def _(*args, group_name=""):
+def _(*args, group_name="", mok_config=""):
     w_shared_gate, w_routed_gate, x, peer_rank = args[8], args[9], args[21], args[23]
     return _fake_outputs(
         x, w_shared_gate, peer_rank.shape[0], w_routed_gate.shape[0], w_routed_gate.shape[1]
@@ -320,7 +325,7 @@ def _(*args, group_name=""):
 
 
 @dispatch_mlp_swiglu_combine_bwd_mxfp8.register_fake
-def _(*args, group_name="", routed_gradient_pairs=True):
+def _(*args, group_name="", routed_gradient_pairs=True, mok_config=""):
     w_shared_gate, w_routed_gate, x, peer_rank = args[8], args[30], args[28], args[34]
     sizes = (peer_rank.shape[0], w_routed_gate.shape[0], w_routed_gate.shape[1])
     return _fake_outputs(x, w_shared_gate, *sizes, pairs=routed_gradient_pairs)

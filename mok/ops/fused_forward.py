@@ -1,6 +1,6 @@
 """The four fused passes as custom ops: dispatch -> SwiGLU experts -> combine, fwd and bwd.
 
-Argument lists are the original's (plus mok's trailing `group_name`); shared weights may be
+Argument lists are the original's (plus mok's trailing `group_name` and `mok_config`, the
 None (no shared expert): the matching shared outputs are then 0-size tensors, since a custom op
 that mutates an input may not return None. Routed outputs have one row per schedule row (C).
 Each op checks its arguments, packs them (a MoKSchedule, the weight tuples, the engine of the
@@ -17,6 +17,7 @@ from torch.library import custom_op
 from mok import _moe_arguments, backends, passes
 from mok._arguments import check_multiple, check_range, check_tensor
 from mok.backends.reference.exchange import resolve_group
+from mok.config import MoKConfig
 from mok.ops.schedule import schedule_status
 from mok.schedule import MoKSchedule, contained
 from mok.workspace import MAX_TOPK, Buffer
@@ -52,6 +53,24 @@ def check_launch(num_comm_sms, macrobatch_size, minibatch_size, group_name, **po
             raise ValueError(
                 f"`{name}` must hold one address per rank of the group ({ep_size}), got {len(ptrs)}"
             )
+
+
+def edge_config(mok_config: str) -> MoKConfig:
+    """The config whose speed knobs a fused op's pass uses: mok's optional `mok_config` argument,
+    a JSON object of MoKConfig fields (mok.functional passes MoKConfig.speed_json() under
+    torch.compile); fields it leaves out, and all of them when it is empty, keep their defaults
+    (the speed knobs' environment variables). The launch parameters stay the original's
+    positional arguments."""
+    if not mok_config:
+        return MoKConfig()
+    if not isinstance(mok_config, str) or not mok_config.lstrip().startswith("{"):
+        raise ValueError(
+            f"`mok_config` must be a JSON object of MoKConfig fields, got {mok_config!r:.60}"
+        )
+    try:
+        return MoKConfig.from_json(mok_config)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"`mok_config`: {error}") from error
 
 
 def check_weights(x, routed, shared, *, mxfp8: bool, backward: bool, num_experts=None) -> None:
@@ -97,13 +116,14 @@ def dispatch_mlp_swiglu_combine_fwd_bf16(
     macrobatch_size: int,
     minibatch_size: int,
     group_name: str = "",
+    mok_config: str = "",
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """BF16 forward. Outputs: x_routed, gate_shared, gate_routed, up_shared, up_routed,
     hidden_shared, hidden_routed, y_shared, y_routed (routed: bf16 [C, H] / [C, I])."""
     schedule = (schedule_peer_rank, schedule_peer_token_idx, num_tokens, tokens_per_expert)
     routed = (w_routed_gate, w_routed_up, w_routed_down)
     shared_weights = (w_shared_gate, w_shared_up, w_shared_down)
-    launch = (num_comm_sms, macrobatch_size, minibatch_size, group_name)
+    launch = (num_comm_sms, macrobatch_size, minibatch_size, group_name, mok_config)
     saved, y, shared_out = _forward((x, x_ptrs), (combine_buffer, combine_buffer_ptrs),
                                     shared_weights, routed, schedule, topk, swiglu_limit, launch,
                                     mxfp8=False)  # fmt: skip
@@ -117,14 +137,15 @@ def _forward(x_and_ptrs, combine_and_ptrs, shared_weights, routed, schedule, top
     """A forward op's body once its arguments are grouped: check them, pack them, run
     mok.passes.forward on the engine of the workspace whose buffers they are."""
     (x, x_ptrs), (combine_buffer, combine_buffer_ptrs) = x_and_ptrs, combine_and_ptrs
-    num_comm_sms, macrobatch_size, minibatch_size, group_name = launch
+    num_comm_sms, macrobatch_size, minibatch_size, group_name, mok_config = launch
     buffer = ("combine_buffer", combine_buffer)
     check_pass(x, schedule, topk, swiglu_limit, routed, shared_weights, buffer, mxfp8=mxfp8,
                backward=False)  # fmt: skip
     check_launch(num_comm_sms, macrobatch_size, minibatch_size, group_name, x_ptrs=x_ptrs,
                  combine_buffer_ptrs=combine_buffer_ptrs)  # fmt: skip
+    config = edge_config(mok_config)
     buffers = {Buffer.X: x, Buffer.COMBINE: combine_buffer}
-    engine = backends.for_device(x.device).op_engine(buffers, x_ptrs, topk, group_name)
+    engine = backends.for_device(x.device).op_engine(buffers, x_ptrs, topk, group_name, config)
     shared = _shared(*shared_weights)
     schedule = op_schedule(schedule, x, x_ptrs, topk)
     return passes.forward(engine, x, shared, routed, schedule, swiglu_limit, mxfp8)
@@ -144,7 +165,8 @@ def _shared(gate, up, down):
 
 
 @dispatch_mlp_swiglu_combine_fwd_bf16.register_fake
-def _(x, x_ptrs, combine_buffer, combine_buffer_ptrs, w_shared_gate, w_routed_gate, *rest):
+def _(x, x_ptrs, combine_buffer, combine_buffer_ptrs, w_shared_gate, w_routed_gate, *rest,
+      **options):  # fmt: skip
     capacity, inter = rest[4].shape[0], w_routed_gate.shape[1]
     shared = w_shared_gate is not None
     routed_i = x.new_empty((capacity, inter))
@@ -197,6 +219,7 @@ def dispatch_mlp_swiglu_combine_fwd_mxfp8(
     macrobatch_size: int,
     minibatch_size: int,
     group_name: str = "",
+    mok_config: str = "",
 ) -> tuple[
     Tensor,
     Tensor,
@@ -222,7 +245,7 @@ def dispatch_mlp_swiglu_combine_fwd_mxfp8(
         (w_routed_down, w_routed_down_sc),
     )
     shared_weights = (w_shared_gate, w_shared_up, w_shared_down)
-    launch = (num_comm_sms, macrobatch_size, minibatch_size, group_name)
+    launch = (num_comm_sms, macrobatch_size, minibatch_size, group_name, mok_config)
     saved, y, shared_out = _forward((x, x_ptrs), (combine_buffer, combine_buffer_ptrs),
                                     shared_weights, routed, schedule, topk, swiglu_limit, launch,
                                     mxfp8=True)  # fmt: skip
@@ -232,7 +255,8 @@ def dispatch_mlp_swiglu_combine_fwd_mxfp8(
 
 
 @dispatch_mlp_swiglu_combine_fwd_mxfp8.register_fake
-def _(x, x_ptrs, combine_buffer, combine_buffer_ptrs, w_shared_gate, w_routed_gate, *rest):
+def _(x, x_ptrs, combine_buffer, combine_buffer_ptrs, w_shared_gate, w_routed_gate, *rest,
+      **options):  # fmt: skip
     capacity, inter, hidden = rest[7].shape[0], w_routed_gate.shape[1], x.shape[1]
     shared = x.new_empty((x.shape[0], inter) if w_shared_gate is not None else (0,))
 
@@ -263,7 +287,7 @@ def run(config, workspace, schedule, x, shared, routed, swiglu_limit, mxfp8: boo
     tail = trailing_arguments(config, ws, schedule, swiglu_limit, config.fwd_num_comm_sms)
     gate, up, down = routed if mxfp8 else ((routed[0],), (routed[1],), (routed[2],))
     op = dispatch_mlp_swiglu_combine_fwd_mxfp8 if mxfp8 else dispatch_mlp_swiglu_combine_fwd_bf16
-    out = op(*head, *interleave(shared, gate, up, down), *tail)
+    out = op(*head, *interleave(shared, gate, up, down), *tail, mok_config=config.speed_json())
     if mxfp8:
         saved = (out[0:2], out[3:5], out[6:8], out[9:11])
         shared_out = (out[2], out[5], out[8], out[11])

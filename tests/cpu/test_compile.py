@@ -86,3 +86,25 @@ def test_fullgraph_layer_matches_eager(single_rank_group, mxfp8):
     traced = step(torch.compile(layer, fullgraph=True, backend="aot_eager"))
     for a, b in zip(eager, traced, strict=True):
         assert torch.equal(a, b)
+
+
+def test_the_traced_step_runs_with_the_configs_speed_knobs(single_rank_group, monkeypatch):
+    """Under torch.compile the passes run inside the fused ops, which get the config's speed
+    knobs through `mok_config`: the engine of each pass sees them (before: the environment's)."""
+    from mok.backends.reference import kernels
+
+    seen, original = [], kernels.op_engine
+
+    def recording(buffers, x_ptrs, topk, group_name, config=None):
+        seen.append(config)
+        return original(buffers, x_ptrs, topk, group_name, config)
+
+    monkeypatch.setattr(kernels, "op_engine", recording)
+    config = F.MoKConfig(overlap_ctas=8, grouped_gemm="torch", swiglu_epilogue=True)
+    ws = F.create_workspace(config, single_rank_group, device="cpu", num_local_tokens=TOKENS,
+                            hidden_size=HIDDEN, topk=TOPK)  # fmt: skip
+    torch._dynamo.reset()
+    compiled = torch.compile(_step, fullgraph=True, backend="aot_eager")
+    compiled(config, ws, *_inputs(False).values(), False)
+    knobs = [(c.overlap_ctas, c.grouped_gemm, c.swiglu_epilogue) for c in seen]
+    assert knobs == [(8, "torch", True)] * 2  # the forward's pass and the backward's

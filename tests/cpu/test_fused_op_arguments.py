@@ -58,10 +58,38 @@ def test_consistent_arguments_run(forward_args):
         ({"macrobatch_size": 384, "minibatch_size": 256},
          r"`macrobatch_size` must be a multiple of 256 and >= 1, got 384"),
         ({"x_ptrs": []}, r"`x_ptrs` must hold one address per rank of the group \(1\), got 0"),
+        ({"mok_config": "overlap_ctas=0"},
+         r"`mok_config` must be a JSON object of MoKConfig fields"),
+        ({"mok_config": '{"overlap_ctas": -2}'},
+         r"`mok_config`: `overlap_ctas` must be >= 0, got -2"),
+        ({"mok_config": '{"ctas": 2}'}, r"`mok_config`: .*ctas"),
     ],
     ids=["k-against-the-buffer", "buffer-rows", "schedule-experts", "one-comm-sm",
-         "minibatch-128", "macrobatch-384", "pointer-list-short"],
+         "minibatch-128", "macrobatch-384", "pointer-list-short", "config-not-json",
+         "config-bad-value", "config-unknown-field"],
 )  # fmt: skip
 def test_inconsistent_arguments_are_named(forward_args, change, message):
     with pytest.raises(ValueError, match=message):
         ops.dispatch_mlp_swiglu_combine_fwd_bf16(**{**forward_args, **change})
+
+
+def test_the_config_reaches_the_engine(forward_args, monkeypatch):
+    """mok's `mok_config` argument gives the pass its speed knobs (what mok.functional passes
+    under torch.compile); without it the engine gets the defaults."""
+    from mok import backends
+    from mok.backends.reference import kernels
+    from mok.config import MoKConfig
+
+    seen, original = [], kernels.op_engine
+
+    def recording(buffers, x_ptrs, topk, group_name, config=None):
+        seen.append(config)
+        return original(buffers, x_ptrs, topk, group_name, config)
+
+    monkeypatch.setattr(kernels, "op_engine", recording)
+    assert backends.for_device(torch.device("cpu")).op_engine is recording
+    config = MoKConfig(overlap_ctas=8, grouped_gemm="torch")
+    ops.dispatch_mlp_swiglu_combine_fwd_bf16(**forward_args, mok_config=config.to_json())
+    ops.dispatch_mlp_swiglu_combine_fwd_bf16(**forward_args, mok_config=config.speed_json())
+    ops.dispatch_mlp_swiglu_combine_fwd_bf16(**forward_args)
+    assert seen == [config, config, MoKConfig()]

@@ -64,14 +64,15 @@ class CudaEngine:
         self._stand_ins: dict[str, torch.Tensor] = {}  # pushed-into buffer -> its argument
 
     @classmethod
-    def with_stand_ins(cls, workspace: MoKWorkspace, buffers: dict[str, torch.Tensor]):
+    def with_stand_ins(cls, workspace: MoKWorkspace, buffers: dict[str, torch.Tensor],
+                       config: MoKConfig | None = None):  # fmt: skip
         """The engine of a fused op called with the original's flat arguments: `buffers` maps
         workspace buffer names to the tensors the op was given. Under torch.compile those can
         be functional copies (a buffer filled by `copy_`, a mutated argument's clone), while the
         peers read and write the symmetric buffers behind the pointers: so an argument that is
         not its buffer has its values copied into the buffer here, or, for the buffers the peers
         push into, gets the buffer's values back from `hand_back_pushed` after the pushes."""
-        engine = cls(workspace)
+        engine = cls(workspace, config)
         for name, tensor in buffers.items():
             buffer = getattr(workspace, name)
             if not same_layout(tensor, buffer):

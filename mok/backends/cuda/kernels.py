@@ -39,11 +39,11 @@ def engine(workspace: MoKWorkspace, config=None) -> CudaEngine:
     return CudaEngine(workspace, config)
 
 
-def op_engine(buffers: dict[str, torch.Tensor], x_ptrs, topk: int, group_name: str):
-    """The engine of a fused op called with the original's flat arguments (see
-    CudaEngine.with_stand_ins for arguments that are copies of the buffers)."""
+def op_engine(buffers: dict[str, torch.Tensor], x_ptrs, topk: int, group_name: str, config=None):
+    """The engine of a fused op called with the original's flat arguments, with `config`'s
+    speed knobs (see CudaEngine.with_stand_ins for arguments that are copies of the buffers)."""
     workspace = _workspace(group_name, Buffer.X, buffers[Buffer.X], x_ptrs)
-    return CudaEngine.with_stand_ins(workspace, buffers)
+    return CudaEngine.with_stand_ins(workspace, buffers, config)
 
 
 def all_gather_top_experts(top_experts, buffer, group_name: str) -> None:

@@ -23,9 +23,10 @@ def engine(workspace, config=None) -> ReferenceEngine:
     return ReferenceEngine.of_workspace(workspace)
 
 
-def op_engine(buffers: dict[str, torch.Tensor], x_ptrs, topk: int, group_name: str):
+def op_engine(buffers: dict[str, torch.Tensor], x_ptrs, topk: int, group_name: str, config=None):
     """The engine of a fused op called with the original's flat arguments: the given tensors
-    themselves are the buffers (the pointer lists mean nothing off CUDA)."""
+    themselves are the buffers (the pointer lists mean nothing off CUDA; the reference has no
+    speed knobs, so `config` changes nothing)."""
     return ReferenceEngine(buffers, topk, group_name)
 
 
