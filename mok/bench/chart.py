@@ -44,7 +44,7 @@ def select(rows: list[dict], gpu: str | None = None, commit: str | None = None) 
         and (commit is None or r["commit"] == commit)
     ]
     if not candidates:
-        raise SystemExit(f"plot: no run with the baseline for gpu={gpu!r}, commit={commit!r}")
+        raise ValueError(f"no run with the baseline for gpu={gpu!r}, commit={commit!r}")
     newest = max(candidates, key=lambda r: r["date"])
     mine = [r for r in steps if (r["gpu"], r["commit"]) == (newest["gpu"], newest["commit"])]
     last = {}
@@ -137,7 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu", help="the GPU as the rows name it, or CPU (default: the newest)")
     parser.add_argument("--commit", help="the commit as the rows name it (7 hex digits)")
     args = parser.parse_args(argv)
-    print(plot(args.table, args.out, args.gpu, args.commit))
+    try:
+        print(plot(args.table, args.out, args.gpu, args.commit))
+    except ValueError as error:
+        parser.error(str(error))
     return 0
 
 

@@ -292,12 +292,16 @@ def measure_all(args: argparse.Namespace) -> int:
 
 
 def draw_chart(rows: Path, png: Path) -> str:
-    """The chart of the newest run in `rows`, or why there is none (matplotlib is optional)."""
+    """The chart of the newest run in `rows`, or why there is none (matplotlib is optional; the
+    chart compares with the baseline)."""
     try:
         from mok.bench import chart
     except ImportError as error:
         return f"no chart: {error} (pip install 'mok[cli]' or matplotlib)"
-    return f"chart: {chart.plot(rows, png)}"
+    try:
+        return f"chart: {chart.plot(rows, png)}"
+    except ValueError as error:
+        return f"no chart: {error} (the chart needs the nccl_torch system's rows)"
 
 
 if __name__ == "__main__":

@@ -122,3 +122,11 @@ def test_candidates_respect_the_device_and_the_minibatch():
     base = MoKConfig(minibatch_size=1024, macrobatch_size=16384)
     minis = [c.minibatch_size for c in tune.candidates("minibatch_size", base, None)]
     assert minis == [1024, 2048, 4096, 8192]
+
+
+def test_bench_without_the_baseline_says_why_there_is_no_chart(tmp_path):
+    pytest.importorskip("matplotlib", reason="the chart needs matplotlib")
+    done = _mok("bench", "--smoke", "--shapes", "tiny", "--systems", "mok_bf16", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "no chart: no run with the baseline" in done.stdout
+    assert (tmp_path / "mok-bench" / "results.jsonl").exists()
