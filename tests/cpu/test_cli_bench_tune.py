@@ -5,28 +5,16 @@ sweep's rules (a knob moves only for a real gain; a point whose bits differ fail
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_helpers import run_mok
 
-import mok
 from mok.bench import harness, tune
 from mok.bench.progress import Progress
 from mok.config import MoKConfig
 
 TINY = ["--hidden", "128", "--inter", "128", "--topk", "2", "--experts", "2", "--tokens", "64"]
-
-
-def _mok(*argv: str, cwd: Path) -> subprocess.CompletedProcess:
-    root = str(Path(mok.__file__).resolve().parent.parent)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, *sys.path]))
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "MOK_BACKEND"):
-        env.pop(name, None)
-    command = [sys.executable, "-m", "mok.cli", *argv]
-    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
 def _png(path: Path) -> bool:
@@ -35,7 +23,7 @@ def _png(path: Path) -> bool:
 
 def test_tune_writes_the_fastest_config_and_every_point(tmp_path):
     knobs = ["overlap_ctas", "minibatch_size"]
-    done = _mok("tune", "--cpu", *TINY, "--ep", "2", "--shared", "--knobs", *knobs,
+    done = run_mok("tune", "--cpu", *TINY, "--ep", "2", "--shared", "--knobs", *knobs,
                 "--budget-s", "0", "--max-iters", "1", "--out", "out", cwd=tmp_path)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     assert "same bits at every point" in done.stdout
@@ -55,7 +43,7 @@ def test_tune_writes_the_fastest_config_and_every_point(tmp_path):
 def test_bench_runs_alone_and_writes_rows_table_and_chart(tmp_path):
     """Without torchrun `mok bench` is a group of one (EP 1); its defaults put the rows and the
     chart in ./mok-bench/."""
-    done = _mok("bench", "--smoke", "--shapes", "tiny", "--systems", "nccl_torch", "mok_bf16",
+    done = run_mok("bench", "--smoke", "--shapes", "tiny", "--systems", "nccl_torch", "mok_bf16",
                 cwd=tmp_path)  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     rows = [json.loads(line) for line in (tmp_path / "mok-bench" / "results.jsonl").open()]
@@ -126,7 +114,7 @@ def test_candidates_respect_the_device_and_the_minibatch():
 
 def test_bench_without_the_baseline_says_why_there_is_no_chart(tmp_path):
     pytest.importorskip("matplotlib", reason="the chart needs matplotlib")
-    done = _mok("bench", "--smoke", "--shapes", "tiny", "--systems", "mok_bf16", cwd=tmp_path)
+    done = run_mok("bench", "--smoke", "--shapes", "tiny", "--systems", "mok_bf16", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "no chart: no run with the baseline" in done.stdout
     assert (tmp_path / "mok-bench" / "results.jsonl").exists()
