@@ -150,8 +150,11 @@ def candidates(knob: str, best: MoKConfig, sms: int | None) -> list[MoKConfig]:
 class Sweep:
     """The coordinate descent: every point measured, the best config so far, the bits seen."""
 
-    def __init__(self, runner, timer: harness.Timer, base: MoKConfig, min_gain: float):
+    def __init__(self, runner, timer: harness.Timer, base: MoKConfig, min_gain: float,
+                 on_point=None):  # fmt: skip
+        """`on_point(point)` is called as each point is measured."""
         self.runner, self.timer, self.best, self.min_gain = runner, timer, base, min_gain
+        self.on_point = on_point or (lambda point: None)
         self.points: list[dict] = []
         self.reference: list[torch.Tensor] | None = None  # the first point's outputs
 
@@ -177,6 +180,7 @@ class Sweep:
         measured = []
         for config in candidates(knob, self.best, sms):
             point = self.measure(knob, config)
+            self.on_point(point)
             measured.append((point["total_ms"], config))
             progress.step(f"{knob}={point['value']}: {point['total_ms']:.3f} ms")
         fastest_ms, fastest = min(measured, key=lambda pair: pair[0])
@@ -216,23 +220,41 @@ def tune(args) -> int:
         runner, ep = _runner(args, d, shape)
         sms = torch.cuda.get_device_properties(d.device).multi_processor_count if d.cuda else None
         timer = harness.Timer(d, warmup_s=0.05, budget_s=args.budget_s, max_iters=args.max_iters)
-        sweep = Sweep(runner, timer, runner.step.config, args.min_gain)
+        context = _context(args, d, shape, ep)
+        if d.rank == 0:  # a new sweep.jsonl, filled as the points come
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "sweep.jsonl").write_text("")
+        sweep = Sweep(runner, timer, runner.step.config, args.min_gain,
+                      lambda point: _append(args, d, context, point))  # fmt: skip
         with Progress(_total(args, sms), "tune", enabled=d.rank == 0) as progress:
             for knob in args.knobs:
                 sweep.knob(knob, sms, progress)
         if d.rank == 0:
-            _write(args, d, shape, ep, sweep)
+            _write(args, context, sweep)
     finally:
         torch.distributed.destroy_process_group()
     return 0 if all(p["same_bits"] for p in sweep.points) else 1
 
 
-def _write(args, d: harness.Dist, shape: Shape, ep: int, sweep: Sweep) -> None:
-    args.out.mkdir(parents=True, exist_ok=True)
+def _context(args, d: harness.Dist, shape: Shape, ep: int) -> dict:
+    """What every row of sweep.jsonl says about the run."""
+    return {"shape": dataclasses.asdict(shape), "ep": ep, "mxfp8": args.mxfp8,
+            "gpu": torch.cuda.get_device_name(d.device) if d.cuda else "CPU",
+            "processes": d.world}  # fmt: skip
+
+
+def _append(args, d: harness.Dist, context: dict, point: dict) -> None:
+    """A point into sweep.jsonl as soon as it is measured (a run cut short keeps its points;
+    the finished run rewrites the file with the kept values marked)."""
+    if d.rank != 0:
+        return
+    with (args.out / "sweep.jsonl").open("a") as rows:
+        rows.write(json.dumps({**context, **point}) + "\n")
+
+
+def _write(args, context: dict, sweep: Sweep) -> None:
     (args.out / "config.json").write_text(sweep.best.to_json())
-    context = {"shape": dataclasses.asdict(shape), "ep": ep, "mxfp8": args.mxfp8,
-               "gpu": torch.cuda.get_device_name(d.device) if d.cuda else "CPU",
-               "processes": d.world}  # fmt: skip
+    shape, ep = Shape(**context["shape"]), context["ep"]
     with (args.out / "sweep.jsonl").open("w") as rows:
         for point in sweep.points:
             rows.write(json.dumps({**context, **point}) + "\n")
