@@ -125,7 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bench":
         return bench(bench_parser, args)
     if args.command == "tune":
-        return tune.tune(args)
+        try:
+            return tune.tune(args)
+        except ValueError as error:  # sizes mok does not take (they name mok's argument)
+            tune_parser.error(str(error))
     facts = info()
     if args.json:
         json.dump(facts, sys.stdout, indent=2)

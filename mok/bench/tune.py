@@ -45,14 +45,26 @@ CANDIDATES = {
 }
 
 
+def positive_int(text: str) -> int:
+    """argparse's type for a count: an int >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     sizes = p.add_argument_group("the layer, per rank")
     for name, meaning in (("hidden", "H"), ("inter", "I, the expert's intermediate size"),
                           ("topk", "k, experts per token"), ("experts", "E, local experts"),
                           ("tokens", "T, tokens")):  # fmt: skip
-        sizes.add_argument(f"--{name}", type=int, required=True, help=meaning)
+        sizes.add_argument(f"--{name}", type=positive_int, required=True, help=meaning)
     sizes.add_argument("--shared", action="store_true", help="with a shared expert")
-    p.add_argument("--ep", type=int, help="ranks on this one device (default 1; under torchrun: N)")
+    p.add_argument("--ep", type=positive_int,
+                   help="ranks on this one device (default 1; under torchrun: N)")  # fmt: skip
     p.add_argument("--mxfp8", action="store_true", help="MXFP8 routed experts (default BF16)")
     every = ", ".join(CANDIDATES)
     p.add_argument("--knobs", nargs="+", choices=list(CANDIDATES), default=list(CANDIDATES),
@@ -61,7 +73,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a knob moves only for a point this much faster")  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("mok-tune"), help="directory of the results")
     p.add_argument("--budget-s", type=float, default=0.3, help="timed seconds per pass and point")
-    p.add_argument("--max-iters", type=int, default=20, help="iterations per pass and point")
+    p.add_argument("--max-iters", type=positive_int, default=20,
+                   help="iterations per pass and point")  # fmt: skip
     p.add_argument("--cpu", action="store_true", help="on CPU (the reference backend, gloo)")
 
 
@@ -198,12 +211,16 @@ def _shape(args) -> Shape:
 
 
 def _runner(args, d: harness.Dist, shape: Shape):
+    """The group to time, and its EP size."""
+    if d.world > 1 and args.ep not in (None, d.world):
+        raise ValueError(f"--ep {args.ep}: under torchrun the EP group is the {d.world} ranks")
+    ep = d.world if d.world > 1 else args.ep or 1
+    if shape.topk > shape.experts * ep:
+        raise ValueError(f"--topk {shape.topk} picks more experts than the group holds "
+                         f"(--experts x EP = {shape.experts * ep})")  # fmt: skip
     if d.world > 1:
-        if args.ep not in (None, d.world):
-            raise SystemExit(f"--ep {args.ep}: under torchrun the EP group is the {d.world} ranks")
-        return RankProcess(d, shape, args.mxfp8), d.world
-    ranks = args.ep or 1
-    return GroupOnOneDevice(d, shape, ranks, args.mxfp8), ranks
+        return RankProcess(d, shape, args.mxfp8), ep
+    return GroupOnOneDevice(d, shape, ep, args.mxfp8), ep
 
 
 def _total(args, sms: int | None) -> int:

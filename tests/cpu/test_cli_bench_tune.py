@@ -118,3 +118,25 @@ def test_bench_without_the_baseline_says_why_there_is_no_chart(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "no chart: no run with the baseline" in done.stdout
     assert (tmp_path / "mok-bench" / "results.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (["--hidden", "0"], "argument --hidden: must be a positive integer, got '0'"),
+        (["--hidden", "100"], "`hidden_size` must be a multiple of 128 and >= 1, got 100"),
+        (["--topk", "9", "--ep", "2"], "--topk 9 picks more experts than the group holds "
+                                       "(--experts x EP = 4)"),
+    ],
+    ids=["hidden-zero", "hidden-not-128", "topk-above-experts"],
+)  # fmt: skip
+def test_tune_names_what_is_wrong_with_its_sizes(tmp_path, change, message):
+    argv = [*TINY]
+    for flag, value in zip(change[::2], change[1::2], strict=True):
+        if flag in argv:
+            argv[argv.index(flag) + 1] = value
+        else:
+            argv += [flag, value]
+    done = run_mok("tune", "--cpu", *argv, cwd=tmp_path)
+    assert done.returncode == 2
+    assert f"mok tune: error: {message}" in done.stderr
