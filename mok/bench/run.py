@@ -271,9 +271,10 @@ def measure_all(args: argparse.Namespace) -> int:
     d = harness.setup_distributed(cpu=args.smoke, timeout_s=args.timeout_s)
     try:
         session = Session(args, d)
-        session.floors()
         pairs = [(shape, system) for shape in args.shapes for system in args.systems]
-        with Progress(len(pairs), "bench", enabled=d.rank == 0) as progress:
+        with Progress(1 + len(pairs), "bench", enabled=d.rank == 0) as progress:
+            session.floors()
+            progress.step("floors")
             for shape, system in pairs:
                 row = session.one(system, shape)
                 session.run["records"].append(row)
