@@ -1,6 +1,6 @@
-"""Run the `mok` command as a user does: `python -m mok.cli` in a process of its own, importing
-the same mok as the tests (the wheel, or the source tree) and started outside any torchrun group
-(so `mok bench` and `mok tune` are a group of one process)."""
+"""Run the `mok` command as a user does: `python -m mok.cli` in a process of its own (or under
+torchrun), importing the same mok as the tests (the wheel, or the source tree) and started
+outside the tests' own torchrun group."""
 
 from __future__ import annotations
 
@@ -15,11 +15,15 @@ _GROUP_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GRO
                     "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "MOK_BACKEND")  # fmt: skip
 
 
-def run_mok(*argv: str, cwd: Path, timeout_s: float = 300) -> subprocess.CompletedProcess:
+def run_mok(*argv: str, cwd: Path, nproc: int | None = None,
+            timeout_s: float = 300) -> subprocess.CompletedProcess:  # fmt: skip
+    """`mok ARGV...` (with `nproc`: `torchrun --nproc-per-node=nproc -m mok.cli ARGV...`)."""
     root = str(Path(mok.__file__).resolve().parent.parent)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, *sys.path]))
     for name in _GROUP_VARIABLES:
         env.pop(name, None)
-    command = [sys.executable, "-m", "mok.cli", *argv]
+    launcher = [] if nproc is None else ["-m", "torch.distributed.run", "--standalone",
+                                         f"--nproc-per-node={nproc}"]  # fmt: skip
+    command = [sys.executable, *launcher, "-m", "mok.cli", *argv]
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout_s)  # fmt: skip

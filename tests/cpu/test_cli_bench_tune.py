@@ -140,3 +140,13 @@ def test_tune_names_what_is_wrong_with_its_sizes(tmp_path, change, message):
     done = run_mok("tune", "--cpu", *argv, cwd=tmp_path)
     assert done.returncode == 2
     assert f"mok tune: error: {message}" in done.stderr
+
+
+def test_tune_under_torchrun_is_one_rank_per_process(tmp_path):
+    """`torchrun -m mok.cli tune`: each process is a rank (mok_step.Step), EP = the ranks."""
+    done = run_mok("tune", "--cpu", *TINY, "--knobs", "overlap_ctas", "--budget-s", "0",
+                   "--max-iters", "1", "--out", "out", cwd=tmp_path, nproc=2)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    points = [json.loads(line) for line in (tmp_path / "out" / "sweep.jsonl").open()]
+    assert len(points) == len(tune.CANDIDATES["overlap_ctas"])
+    assert all(p["ep"] == 2 and p["processes"] == 2 and p["same_bits"] for p in points)
