@@ -98,19 +98,27 @@ def measure(d, timer, shape, ranks: int, precision: str) -> dict:
     return {"fwd": timer.measure(fwd_graph.replay), "bwd": timer.measure(bwd_graph.replay)}
 
 
-def rows(env, shape, ranks, precision, timings, single) -> list[dict]:
-    """Table rows of one measurement (results.py's schema); `single`: the 1-rank timings."""
+def rows(env, shape, ranks, precision, timings, single, *, system=None, note=None,
+         one_gpu=True) -> list[dict]:  # fmt: skip
+    """Table rows of one measurement (results.py's schema); `single`: the 1-rank timings.
+    `system` and `note` default to this module's; `one_gpu=False`: the ranks were processes with
+    a GPU each (mok tune under torchrun), so a row's FLOPs and GPU count are one rank's."""
     context = results.context(env, None, ranks)
+    flops_ranks = ranks if one_gpu else 1
     out = []
     for phase, count in zip(results.PASSES, flops(shape), strict=True):
         ref = single[phase].median_ms * ranks if single and single[phase].median_ms else None
-        base = {**context, "gpu_count": 1, "system": f"mok_{precision}_1gpu_cg",
+        base = {**context, "system": system or f"mok_{precision}_1gpu_cg",
                 "precision": precision, "pass": phase, "shape": shape.name,
                 "hidden": shape.hidden, "inter": shape.inter, "topk": shape.topk,
                 "experts": shape.experts, "tokens": shape.tokens,
                 "shared": shape.shared}  # fmt: skip
-        row = results.timed(base, dataclasses.asdict(timings[phase]), count * ranks, None, ref)
-        out.append({**row, "gpu_busy_ms": None, "check": None, "note": NOTE.format(n=ranks)})
+        if one_gpu:
+            base["gpu_count"] = 1
+        row = results.timed(base, dataclasses.asdict(timings[phase]), count * flops_ranks, None,
+                            ref)  # fmt: skip
+        out.append({**row, "gpu_busy_ms": None, "check": None,
+                    "note": note or NOTE.format(n=ranks)})  # fmt: skip
     return out
 
 

@@ -17,6 +17,7 @@ system measures them. `system` names what was timed:
 | mok_bf16, mok_mxfp8, ... | a mok pass as `run.py --systems` names it | nccl_torch ms / ms |
 | gemms:torch, gemms:mok   | one pass's GEMMs alone, back to back      | gemms:torch / ms   |
 | gemm:<problem>           | one expert GEMM, mok's kernel (rate only) | mok / _grouped_mm  |
+| mok_bf16_tune, ...       | one point of a `mok tune` sweep (config)  | null               |
 
 `vs_baseline` > 1 means faster than the baseline of the same run on the same shape and pass.
 `x_floor` is the time over the compute floor: the counted FLOPs at the bf16 GEMM rate measured
@@ -79,7 +80,8 @@ OPTIONAL = (
     "joules_per_iter",  # NVML energy per iteration, summed over the GPUs
     "baseline_tflops",  # gemm:<problem>: torch._grouped_mm's rate on the same problem
     "check",  # {"vs_baseline" | "vs_dense": {tensor: {"max_abs", "rel_l1"}}}
-    "note",  # why a measurement has no numbers (error, skipped)
+    "note",  # why a measurement has no numbers (error, skipped), or what it was (mok tune's point)
+    "config",  # mok_<precision>_tune: the MoKConfig of the point (mok tune)
 )
 
 

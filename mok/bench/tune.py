@@ -15,7 +15,8 @@ A point's time is the median of its forward and backward, each replayed from a C
 GPU; eager on CPU), on the slowest rank. A knob changes speed, never bits: every point's outputs
 (every rank's forward output and gradients) must equal the first point's bit for bit, and the run
 fails if one does not. DIR gets `config.json` (the fastest MoKConfig, for MoKConfig.from_json),
-`sweep.jsonl` (every point) and `sweep.png` (one panel per knob; needs matplotlib).
+`sweep.jsonl` (every point) and `sweep.png` (one panel per knob; needs matplotlib); each point's
+rows in the results table's schema (system `mok_<precision>_tune`) go to `--rows`.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pathlib import Path
 import torch
 
 from mok import functional as F
-from mok.bench import harness, mok_step, one_gpu
+from mok.bench import harness, mok_step, one_gpu, results
 from mok.bench.progress import Progress
 from mok.bench.shapes import Shape
 from mok.config import MoKConfig
@@ -72,6 +73,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-gain", type=float, default=0.02,
                    help="a knob moves only for a point this much faster")  # fmt: skip
     p.add_argument("--out", type=Path, default=Path("mok-tune"), help="directory of the results")
+    p.add_argument("--rows", type=Path,
+                   help="append each point's rows (the results table's schema) to this file "
+                        "(default: DIR/rows.jsonl)")  # fmt: skip
     p.add_argument("--budget-s", type=float, default=0.3, help="timed seconds per pass and point")
     p.add_argument("--max-iters", type=positive_int, default=20,
                    help="iterations per pass and point")  # fmt: skip
@@ -169,6 +173,7 @@ class Sweep:
         self.runner, self.timer, self.best, self.min_gain = runner, timer, base, min_gain
         self.on_point = on_point or (lambda point: None)
         self.points: list[dict] = []
+        self.timings: list[dict[str, harness.Timing]] = []  # per point: {"fwd": .., "bwd": ..}
         self.reference: list[torch.Tensor] | None = None  # the first point's outputs
 
     def measure(self, knob: str, config: MoKConfig) -> dict:
@@ -180,7 +185,9 @@ class Sweep:
         del outputs
         same = self.timer.agree_max(float(differs)) == 0.0
         fwd, bwd = self.runner.passes()
-        fwd_ms, bwd_ms = self.timer.measure(fwd).median_ms, self.timer.measure(bwd).median_ms
+        timings = {"fwd": self.timer.measure(fwd), "bwd": self.timer.measure(bwd)}
+        self.timings.append(timings)
+        fwd_ms, bwd_ms = timings["fwd"].median_ms, timings["bwd"].median_ms
         point = {"knob": knob, "value": getattr(config, knob), "fwd_ms": fwd_ms,
                  "bwd_ms": bwd_ms, "total_ms": fwd_ms + bwd_ms, "same_bits": same,
                  "config": dataclasses.asdict(config)}  # fmt: skip
@@ -238,6 +245,7 @@ def tune(args) -> int:
         sms = torch.cuda.get_device_properties(d.device).multi_processor_count if d.cuda else None
         timer = harness.Timer(d, warmup_s=0.05, budget_s=args.budget_s, max_iters=args.max_iters)
         context = _context(args, d, shape, ep)
+        env = harness.environment(d)
         if d.rank == 0:  # a new sweep.jsonl, filled as the points come
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / "sweep.jsonl").write_text("")
@@ -247,10 +255,28 @@ def tune(args) -> int:
             for knob in args.knobs:
                 sweep.knob(knob, sms, progress)
         if d.rank == 0:
+            results.append(args.rows or args.out / "rows.jsonl", _rows(args, env, context, sweep))
             _write(args, context, sweep)
     finally:
         torch.distributed.destroy_process_group()
     return 0 if all(p["same_bits"] for p in sweep.points) else 1
+
+
+def _rows(args, env: dict, context: dict, sweep: Sweep) -> list[dict]:
+    """Every point as rows of the results table (system mok_<precision>_tune, the point's config
+    in `config`)."""
+    precision = "mxfp8" if args.mxfp8 else "bf16"
+    shape, ep, one_gpu_group = Shape(**context["shape"]), context["ep"], context["processes"] == 1
+    rows = []
+    for point, timings in zip(sweep.points, sweep.timings, strict=True):
+        note = f"mok tune: {point['knob']}={point['value']}"
+        if one_gpu_group:
+            note += f"; {one_gpu.NOTE.format(n=ep)}"
+        for row in one_gpu.rows(env, shape, ep, precision, timings, None,
+                                system=f"mok_{precision}_tune", note=note,
+                                one_gpu=one_gpu_group):  # fmt: skip
+            rows.append({**row, "config": point["config"]})
+    return rows
 
 
 def _context(args, d: harness.Dist, shape: Shape, ep: int) -> dict:

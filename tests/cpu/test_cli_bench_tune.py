@@ -36,6 +36,15 @@ def test_tune_writes_the_fastest_config_and_every_point(tmp_path):
     for knob in knobs:  # one value kept per knob: the config's
         kept = [p["value"] for p in points if p["knob"] == knob and p["chosen"]]
         assert kept == [getattr(config, knob)]
+    from mok.bench import results
+
+    rows = results.load(tmp_path / "out" / "rows.jsonl")  # the results table's schema
+    assert len(rows) == 2 * len(points)
+    assert all(set(results.REQUIRED) <= set(r) <= {*results.REQUIRED, *results.OPTIONAL}
+               for r in rows)  # fmt: skip
+    assert {(r["system"], r["ep"], r["pass"]) for r in rows} == {
+        ("mok_bf16_tune", 2, "fwd"), ("mok_bf16_tune", 2, "bwd")}  # fmt: skip
+    assert [r["config"] for r in rows[::2]] == [p["config"] for p in points]
     if (tmp_path / "out" / "sweep.png").exists() or "no chart" not in done.stdout:
         assert _png(tmp_path / "out" / "sweep.png")
 
