@@ -130,14 +130,19 @@ def context(env: dict, floors: dict | None, ep: int) -> dict:
 
 
 def _power(timing: dict) -> dict:
+    """The run's power keys from each GPU's record; a measurement shorter than one sample
+    interval has the energy counter's reading only."""
     gpus = [g for g in timing.get("power") or [] if g]
-    if not gpus:
-        return {"sm_mhz": None, "power_w": None, "power_capped": None, "joules_per_iter": None}
-    joules = [g["joules_per_iter"] for g in gpus if g.get("joules_per_iter") is not None]
+
+    def each(key: str) -> list[float]:
+        return [g[key] for g in gpus if g.get(key) is not None]
+
+    keys = ("sm_mhz_mean", "power_w_mean", "power_capped_share", "joules_per_iter")
+    mhz, watts, capped, joules = (each(key) for key in keys)
     return {
-        "sm_mhz": min(g["sm_mhz_mean"] for g in gpus),
-        "power_w": max(g["power_w_mean"] for g in gpus),
-        "power_capped": max(g["power_capped_share"] for g in gpus),
+        "sm_mhz": min(mhz) if mhz else None,
+        "power_w": max(watts) if watts else None,
+        "power_capped": max(capped) if capped else None,
         "joules_per_iter": sum(joules) if joules else None,
     }
 

@@ -186,3 +186,13 @@ def test_plot_draws_the_committed_table_with_a_title_that_fits(tmp_path, rows):
     png = tmp_path / "chart.png"
     assert plot.main([str(TABLE), "--out", str(png)]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_timing_with_the_energy_reading_only_makes_a_row():
+    """A measurement shorter than one power sample has NVML's energy reading but no samples
+    (mok tune's short points on the GPU): its row has the energy and no clock or power."""
+    results = load("results")
+    timing = {"median_ms": 2.0, "power": [{"joules_per_iter": 1.5}, None]}
+    row = results.timed({}, timing, 10**12, None, None)
+    assert (row["sm_mhz"], row["power_w"], row["power_capped"]) == (None, None, None)
+    assert row["joules_per_iter"] == 1.5
