@@ -3,7 +3,9 @@
     python -m mok.bench.results [TABLE] # the standings: the newest run per GPU and EP
 
 A row is one system on one shape at one EP, in one precision, for one pass (forward or
-backward), from one run of `run.py` (its commit, GPU, driver and torch). `run.py` appends the
+backward), from one run of `run.py` (its commit, GPU, driver and torch); a `mok tune` run has a
+row per pass for each point of its sweep (`config`; `note` names the knob the point varied, since
+the best config so far is timed again with each knob). `run.py` appends the
 rows of each measurement as it finishes; a device run's rows come back in a file of their own
 and are appended to the table (benchmarks/README.md, "How to run"). Rows are never edited: a
 newer run adds newer rows.

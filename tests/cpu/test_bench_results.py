@@ -4,6 +4,7 @@ standings pick the newest run, and the chart of the committed table reads at a g
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import datetime
 
@@ -34,7 +35,10 @@ def test_the_committed_table_parses_and_every_row_has_the_required_keys(rows):
 
 
 def test_one_row_per_system_shape_ep_precision_pass_and_run(rows):
-    keys = [(r["date"], r["gpu"], r["ep"], r["system"], r["shape"], r["pass"]) for r in rows]
+    """... and point, for a mok tune sweep (one run, one system, a row per pass and point: its
+    config, and in `note` the knob it swept, as a config is timed again for each knob)."""
+    keys = [(r["date"], r["gpu"], r["ep"], r["system"], r["shape"], r["pass"],
+             json.dumps(r.get("config"), sort_keys=True), r.get("note")) for r in rows]  # fmt: skip
     assert len(keys) == len(set(keys))
 
 
