@@ -32,7 +32,9 @@ MULTICAST_OFF = {
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
     "NVSHMEM_DISABLE_NVLS": "1",
 }
-REPO = Path(__file__).resolve().parent.parent
+# The source tree's root when mok runs from one (git names the commit there); in an installed
+# wheel git finds no repository and the caller's MOK_GIT_COMMIT is the only source.
+SOURCE_ROOT = Path(__file__).resolve().parents[2]
 
 
 # ------------------------------------------------------------------------------ process group
@@ -323,7 +325,7 @@ def environment(d: Dist) -> dict:
         "time_utc": datetime.now(UTC).isoformat(timespec="seconds"),
         # The device machine's copy of the tree has no .git: the caller passes the commit.
         "git_commit": os.environ.get("MOK_GIT_COMMIT")
-        or _first_line("git", "-C", str(REPO), "rev-parse", "HEAD"),
+        or _first_line("git", "-C", str(SOURCE_ROOT), "rev-parse", "HEAD"),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "backend": dist.get_backend(d.group),
