@@ -1,19 +1,19 @@
 """One expert GEMM alone, for ncu at its fixed clock or a quick timing at the power cap.
 
-    python3 benchmarks/probe_gemm.py --shape qwen3.5 --gemm down --system kind4 [--time]
+    python3 benchmarks/probe_gemm.py --shape qwen3.5 --gemm down --system mxfp8_nt [--time]
 
     ncu --metrics sm__cycles_elapsed.max,smsp__inst_executed.sum -k regex:^device_kernel$ \\
         --launch-skip 2 --launch-count 1 python3 benchmarks/probe_gemm.py ...
 
-The problem is a shape's (`shapes.py`) per-rank experts with `rows_per_expert` rows each: `gate`
-multiplies [rows, H] by W [E, I, H]^T, `down` [rows, I] by W [E, H, I]^T. The weight is quantized
-once (mok's `mxfp8_quantize`), and every system multiplies the same values: `kind4` reads the E4M3
-pair as stored (`grouped_gemm.linear_mx`), `kind0` (`grouped_gemm.linear`) and `torch`
-(`torch._grouped_mm`) its `mxfp8_dequantize` bf16 values. Without `--time` the GEMM is launched
-`--launches` times (ncu profiles the last with the command above: mok's grouped GEMMs and
-`_grouped_mm` are both CUTLASS `device_kernel`s); with it, the median of 30 timings of 5 back-to-
-back launches (CUDA events) and its TFLOP/s are printed. docs/grouped-gemm.md's cycle counts come
-from ncu this way: its clock is fixed, so cycles compare across processes and sessions
+The problem is a shape's (`mok.bench.shapes`) per-rank experts with `rows_per_expert` rows each:
+`gate` multiplies [rows, H] by W [E, I, H]^T, `down` [rows, I] by W [E, H, I]^T. The weight is
+quantized once (mok's `mxfp8_quantize`), and every system multiplies the same values: `mxfp8_nt`
+reads the E4M3 pair as stored (`grouped_gemm.linear_mx`), `bf16_nt` (`grouped_gemm.linear`) and
+`torch` (`torch._grouped_mm`) its `mxfp8_dequantize` bf16 values. Without `--time` the GEMM is
+launched `--launches` times (ncu profiles the last with the command above: mok's grouped GEMMs and
+`_grouped_mm` are both CUTLASS `device_kernel`s); with it, the median of 30 timings of 5
+back-to-back launches (CUDA events) and its TFLOP/s are printed. docs/grouped-gemm.md's cycle
+counts come from ncu this way: its clock is fixed, so cycles compare across processes and sessions
 (M_GROUPED_MXFP8_NT on Qwen3.5's down: 882.2 K, 883.5 K, 884.1 K in three sessions' runs), while a
 timing at the power cap follows the GPU's state, which the processes run before it leave behind.
 """
@@ -29,7 +29,7 @@ import torch
 
 from mok.bench import harness, shapes
 
-SYSTEMS = ("kind4", "kind0", "torch")
+SYSTEMS = ("mxfp8_nt", "bf16_nt", "torch")
 GEMMS = ("gate", "down")
 
 
@@ -66,8 +66,8 @@ def problem(shape: shapes.Shape, gemm: str, system: str):
     offs = torch.cumsum(counts, 0, dtype=torch.int32)
     mx = grouped_gemm.MxWeight(data, scales)
     launch = {
-        "kind4": lambda: grouped_gemm.linear_mx(a, [mx], counts),
-        "kind0": lambda: grouped_gemm.linear(a, [values], counts),
+        "mxfp8_nt": lambda: grouped_gemm.linear_mx(a, [mx], counts),
+        "bf16_nt": lambda: grouped_gemm.linear(a, [values], counts),
         "torch": lambda: torch._grouped_mm(a, values.transpose(-2, -1), offs=offs),
     }[system]
     return 2 * experts * rows * k * n, launch

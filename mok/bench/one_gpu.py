@@ -1,6 +1,6 @@
 """N ranks of an EP group on one GPU (mok.testing.OneDeviceGroup): the whole group's passes, timed.
 
-    torchrun --standalone --nproc-per-node=1 benchmarks/one_gpu.py --out FILE.jsonl
+    torchrun --standalone --nproc-per-node=1 -m mok.bench.one_gpu --out FILE.jsonl
         [--ranks 1 2 4 8] [--shapes qwen3-235b] [--precisions bf16 mxfp8]
 
 HBM stands in for NVLink here, and every rank's GEMMs share one GPU: this measures mok's

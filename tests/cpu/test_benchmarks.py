@@ -331,7 +331,7 @@ def test_probe_gemm_problems_arguments_and_gpu_requirement(capsys):
     probe = _load("probe_gemm")
     assert probe.dims(probe.shapes.SHAPES["qwen3.5"], "down") == (20, 2048, 1024, 4096)
     assert probe.dims(probe.shapes.SHAPES["dsv4-pro"], "gate") == (12, 2048, 7168, 3072)
-    base = ["--shape", "qwen3.5", "--gemm", "down", "--system", "kind4"]
+    base = ["--shape", "qwen3.5", "--gemm", "down", "--system", "mxfp8_nt"]
     args = probe.parse_args(base)
     assert (args.launches, args.time) == (3, False)
     for bad, message in (([*base, "--launches", "0"], "--launches must be >= 1, got 0"),

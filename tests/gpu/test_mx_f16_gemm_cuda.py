@@ -93,7 +93,7 @@ def test_rebase_weight_matches_the_scale_bytes(spread, seed):
 
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 @pytest.mark.parametrize("spread", [4, 60])
-def test_matches_kind4_bit_for_bit(case, spread, seed):
+def test_matches_m_grouped_mxfp8_nt_bit_for_bit(case, spread, seed):
     """The f16 products are M_GROUPED_MXFP8_NT's bf16 products times a power of two per row, so the
     fp32 sums and the bf16 outputs are the same bits (weight rows spanning 2^+-spread, activation
     rows 2^+-10: the products stay normal fp32 values in both kinds)."""

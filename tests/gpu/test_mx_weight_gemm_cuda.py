@@ -156,9 +156,9 @@ def test_padding_rows_and_repeats(seed):
     assert (want[256:512] == 0).all()
 
 
-@pytest.mark.parametrize("kind", ["kind4", "kind7", "kind0"])
+@pytest.mark.parametrize("gemm", ["mxfp8_nt", "mxfp8_nt_f32", "bf16_nt"])
 @pytest.mark.parametrize("used", [1, 37, 64, 65, 128, 129, 255, 256 + 37])
-def test_partly_used_last_tiles_give_the_whole_tiles_bits(used, kind, seed):
+def test_partly_used_last_tiles_give_the_whole_tiles_bits(used, gemm, seed):
     """A segment whose routed rows end inside a tile, NaN in its padding rows (fewer than 256,
     as the schedule pads): the GEMM's tiles stop at the last routed row (TMA's zero fill past
     it, nothing stored there), so the padding rows must be zero and the routed rows must have
@@ -166,7 +166,7 @@ def test_partly_used_last_tiles_give_the_whole_tiles_bits(used, kind, seed):
     D, M_GROUPED_MXFP8_NT_F32: fp32 D, M_GROUPED_BF16_NT: the bf16 GEMM on the dequantized
     weight)."""
     rows, k, n = [-(-used // 256) * 256, 256], 512, 384
-    gen = case_generator(("partly used", used, kind), seed)
+    gen = case_generator(("partly used", used, gemm), seed)
     total = sum(rows)
     counts = torch.tensor(rows, dtype=torch.int32, device="cuda")
     source = torch.zeros(total, dtype=torch.int32, device="cuda")
@@ -177,9 +177,9 @@ def test_partly_used_last_tiles_give_the_whole_tiles_bits(used, kind, seed):
     weight, values = _weight(gen, len(rows), n, k, spread=4)
 
     def linear(x, row_source=None):
-        if kind == "kind0":
+        if gemm == "bf16_nt":
             return grouped_gemm.linear(x, [values], counts, row_source)[0]
-        dtype = torch.float32 if kind == "kind7" else torch.bfloat16
+        dtype = torch.float32 if gemm == "mxfp8_nt_f32" else torch.bfloat16
         return grouped_gemm.linear_mx(x, [weight], counts, row_source, out_dtype=dtype)[0]
 
     want = linear(clean)
