@@ -99,12 +99,13 @@ def measure(d, timer, shape, ranks: int, precision: str) -> dict:
 
 
 def rows(env, shape, ranks, precision, timings, single, *, system=None, note=None,
-         one_gpu=True) -> list[dict]:  # fmt: skip
+         ranks_share_gpu=True) -> list[dict]:  # fmt: skip
     """Table rows of one measurement (results.py's schema); `single`: the 1-rank timings.
-    `system` and `note` default to this module's; `one_gpu=False`: the ranks were processes with
-    a GPU each (mok tune under torchrun), so a row's FLOPs and GPU count are one rank's."""
+    `system` and `note` default to this module's; `ranks_share_gpu=False`: the ranks were
+    processes with a GPU each (mok tune under torchrun), so a row's FLOPs and GPU count are one
+    rank's."""
     context = results.context(env, None, ranks)
-    flops_ranks = ranks if one_gpu else 1
+    flops_ranks = ranks if ranks_share_gpu else 1
     out = []
     for phase, count in zip(results.PASSES, flops(shape), strict=True):
         ref = single[phase].median_ms * ranks if single and single[phase].median_ms else None
@@ -113,7 +114,7 @@ def rows(env, shape, ranks, precision, timings, single, *, system=None, note=Non
                 "hidden": shape.hidden, "inter": shape.inter, "topk": shape.topk,
                 "experts": shape.experts, "tokens": shape.tokens,
                 "shared": shape.shared}  # fmt: skip
-        if one_gpu:
+        if ranks_share_gpu:
             base["gpu_count"] = 1
         row = results.timed(base, dataclasses.asdict(timings[phase]), count * flops_ranks, None,
                             ref)  # fmt: skip

@@ -92,7 +92,7 @@ def same_bits(got: list[torch.Tensor], want: list[torch.Tensor]) -> bool:
     )  # fmt: skip
 
 
-def _present(tensors) -> list[torch.Tensor]:
+def _not_none(tensors) -> list[torch.Tensor]:
     return [t for t in tensors if t is not None]
 
 
@@ -110,7 +110,7 @@ class GroupOnOneDevice:
         group = self.step.group
         outs, grads = group.run(self.step.forward), group.run(self.step.backward)
         group.run(lambda rank, ws: F.check_status(ws))  # an overflow voids the point
-        return [*outs, *(g for per_rank in grads for g in _present(per_rank))]
+        return [*outs, *(g for per_rank in grads for g in _not_none(per_rank))]
 
     def passes(self):
         if self.d.cuda:
@@ -134,7 +134,7 @@ class RankProcess:
         state = self.step.forward(0)
         grads = self.step.backward(state)
         F.check_status(self.step.ws)
-        return [state[2], *_present(grads)]
+        return [state[2], *_not_none(grads)]
 
     def passes(self):
         state = self.step.forward(0)
@@ -266,15 +266,15 @@ def _rows(args, env: dict, context: dict, sweep: Sweep) -> list[dict]:
     """Every point as rows of the results table (system mok_<precision>_tune, the point's config
     in `config`)."""
     precision = "mxfp8" if args.mxfp8 else "bf16"
-    shape, ep, one_gpu_group = Shape(**context["shape"]), context["ep"], context["processes"] == 1
+    shape, ep, ranks_share_gpu = Shape(**context["shape"]), context["ep"], context["processes"] == 1
     rows = []
     for point, timings in zip(sweep.points, sweep.timings, strict=True):
         note = f"mok tune: {point['knob']}={point['value']}"
-        if one_gpu_group:
+        if ranks_share_gpu:
             note += f"; {one_gpu.NOTE.format(n=ep)}"
         for row in one_gpu.rows(env, shape, ep, precision, timings, None,
                                 system=f"mok_{precision}_tune", note=note,
-                                one_gpu=one_gpu_group):  # fmt: skip
+                                ranks_share_gpu=ranks_share_gpu):  # fmt: skip
             rows.append({**row, "config": point["config"]})
     return rows
 

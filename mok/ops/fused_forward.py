@@ -63,7 +63,7 @@ def edge_config(mok_config: str) -> MoKConfig:
     positional arguments."""
     if not mok_config:
         return MoKConfig()
-    if not isinstance(mok_config, str) or not mok_config.lstrip().startswith("{"):
+    if not mok_config.lstrip().startswith("{"):
         raise ValueError(
             f"`mok_config` must be a JSON object of MoKConfig fields, got {mok_config!r:.60}"
         )
