@@ -235,7 +235,8 @@ inline void comm_zero_unrouted(uintptr_t routing, uintptr_t dest, int64_t slots,
 }
 
 inline void comm_epilogue(uintptr_t shared, uintptr_t routed, uintptr_t weights, uintptr_t out,
-                          int64_t tokens, int64_t hidden, int topk, uintptr_t stream) {
+                          int64_t tokens, int64_t hidden, int topk, uintptr_t stream,
+                          uintptr_t route_rows, int64_t routed_rows) {
   namespace c = comm_checks;
   c::at_least("tokens", tokens, 0);
   c::at_least("topk", topk, 1);
@@ -248,6 +249,10 @@ inline void comm_epilogue(uintptr_t shared, uintptr_t routed, uintptr_t weights,
   if (weights != 0) c::address("weights", weights, 4);
   c::address("routed", routed, 16);
   c::address("out", out, 16);
+  if (route_rows != 0) {
+    c::address("route_rows", route_rows, 4);
+    c::at_least("routed_rows", routed_rows, 0);
+  }
   comm::EpilogueArgs a;
   a.shared = reinterpret_cast<const void*>(shared);
   a.routed = reinterpret_cast<const void*>(routed);
@@ -256,6 +261,8 @@ inline void comm_epilogue(uintptr_t shared, uintptr_t routed, uintptr_t weights,
   a.tokens = tokens;
   a.hidden = hidden;
   a.topk = topk;
+  a.route_rows = reinterpret_cast<const int32_t*>(route_rows);
+  a.routed_rows = routed_rows;
   check_cuda(comm::launch_epilogue(a, c::stream_of(stream)), "epilogue kernel launch");
 }
 
@@ -303,9 +310,11 @@ inline void bind_comm(pybind11::module_& m) {
         "nobody pushes (no barrier).");
   m.def("comm_epilogue", &comm_epilogue, py::arg("shared"), py::arg("routed"),
         py::arg("weights"), py::arg("out"), py::arg("tokens"), py::arg("hidden"),
-        py::arg("topk"), py::arg("stream"),
+        py::arg("topk"), py::arg("stream"), py::arg("route_rows") = 0,
+        py::arg("routed_rows") = 0,
         "out[t] = bf16(shared[t] + sum_j w[t,j] * routed[t*topk+j]) in fp32, j in order; "
-        "shared and weights may be 0 (absent).");
+        "shared and weights may be 0 (absent). With route_rows (int32 [tokens*topk]) routed "
+        "holds routed_rows rows read in place: route r's is row route_rows[r], zero where -1.");
 }
 
 }  // namespace mok::api

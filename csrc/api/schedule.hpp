@@ -53,7 +53,7 @@ inline int64_t schedule_workspace_bytes(int64_t ep, int64_t routes, int64_t expe
 inline void schedule(uintptr_t topk_all, uintptr_t peer_rank, uintptr_t peer_token_idx,
                      uintptr_t num_tokens, uintptr_t tokens_per_expert, uintptr_t status,
                      uintptr_t workspace, int64_t ep, int64_t routes, int64_t experts,
-                     int64_t capacity, int64_t rank, uintptr_t stream) {
+                     int64_t capacity, int64_t rank, uintptr_t stream, uintptr_t route_rows) {
   namespace checks = schedule_checks;
   checks::check_sizes(ep, routes, experts);
   checks::check_range("rank", rank, 0, ep - 1);
@@ -68,6 +68,9 @@ inline void schedule(uintptr_t topk_all, uintptr_t peer_rank, uintptr_t peer_tok
   checks::check_address("tokens_per_expert", tokens_per_expert, alignof(int32_t));
   checks::check_address("status", status, alignof(int32_t));
   checks::check_address("workspace", workspace, alignof(int64_t));
+  if (route_rows != 0 && routes > 0) {
+    checks::check_address("route_rows", route_rows, alignof(int32_t));
+  }
 
   schedule::Args args;
   args.topk_all = reinterpret_cast<const int32_t*>(topk_all);
@@ -82,6 +85,7 @@ inline void schedule(uintptr_t topk_all, uintptr_t peer_rank, uintptr_t peer_tok
   args.experts = experts;
   args.capacity = capacity;
   args.rank = rank;
+  args.route_rows = reinterpret_cast<int32_t*>(route_rows);
   check_cuda(schedule::launch(args, reinterpret_cast<cudaStream_t>(stream)), "schedule launch");
 }
 
@@ -111,6 +115,7 @@ inline void bind_schedule(pybind11::module_& m) {
         py::arg("peer_token_idx"), py::arg("num_tokens"), py::arg("tokens_per_expert"),
         py::arg("status"), py::arg("workspace"), py::arg("ep"), py::arg("routes"),
         py::arg("experts"), py::arg("capacity"), py::arg("rank"), py::arg("stream"),
+        py::arg("route_rows") = 0,
         R"doc(The routed-row schedule of destination `rank` on `stream` (asynchronous, no sync).
 
 All buffers are contiguous device addresses:
@@ -121,6 +126,8 @@ All buffers are contiguous device addresses:
   tokens_per_expert  int32 [experts]     out: each local expert's padded rows (cut at capacity)
   status             int32 [1]           in/out: 2 (CAPACITY_OVERFLOW) is OR-ed in on overflow
   workspace          schedule_workspace_bytes(ep, routes, experts) bytes, 8-byte aligned
+  route_rows         int32 [routes]      optional out (0: none): the row of each route of source
+                                         `rank` itself, -1 for a route placed nowhere here
 The order is mok.backends.reference.schedule's, bit for bit. Raises ValueError for bad
 arguments and RuntimeError for a CUDA error.)doc");
   m.def("routing", &routing, py::arg("ids"), py::arg("routing"), py::arg("status"),

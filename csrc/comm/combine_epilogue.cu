@@ -46,6 +46,18 @@ __device__ __forceinline__ void accumulate(float (&acc)[kElems], const uint4& ro
   for (int i = 0; i < kElems; ++i) acc[i] = __fadd_rn(acc[i], kWeighted ? __fmul_rn(w, x[i]) : x[i]);
 }
 
+// Vector `column` of route `route`'s row: row route (a combine buffer), or, read in place, row
+// route_rows[route] of the routed rows, zeros where the route has none.
+__device__ __forceinline__ uint4 routed_vector(const EpilogueArgs& a, const uint4* routed,
+                                               int64_t route, uint32_t per_row, uint32_t column) {
+  int64_t row = route;
+  if (a.route_rows != nullptr) {
+    row = a.route_rows[route];
+    if (row < 0 || row >= a.routed_rows) return make_uint4(0, 0, 0, 0);  // bf16 +0.0
+  }
+  return routed[row * per_row + column];
+}
+
 template <bool kWeighted>
 __global__ void __launch_bounds__(kEpilogueThreads) epilogue_kernel(EpilogueArgs a) {
   const uint32_t per_row = static_cast<uint32_t>(a.hidden / kElems);
@@ -65,7 +77,6 @@ __global__ void __launch_bounds__(kEpilogueThreads) epilogue_kernel(EpilogueArgs
       for (int i = 0; i < kElems; ++i) acc[i] = 0.0f;  // +0.0, as torch.zeros
     }
     const int64_t first = static_cast<int64_t>(token) * a.topk;
-    const uint4* rows = routed + first * per_row + column;  // slot j at rows[j * per_row]
     int j = 0;
     // Groups of kBatch slots: their loads are all in flight before the in-order accumulation.
     for (; j + kBatch <= a.topk; j += kBatch) {
@@ -73,7 +84,7 @@ __global__ void __launch_bounds__(kEpilogueThreads) epilogue_kernel(EpilogueArgs
       float w[kBatch];
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
-        r[u] = rows[static_cast<int64_t>(j + u) * per_row];
+        r[u] = routed_vector(a, routed, first + j + u, per_row, column);
         w[u] = kWeighted ? a.weights[first + j + u] : 1.0f;
       }
 #pragma unroll
@@ -81,7 +92,7 @@ __global__ void __launch_bounds__(kEpilogueThreads) epilogue_kernel(EpilogueArgs
     }
     for (; j < a.topk; ++j) {
       const float w = kWeighted ? a.weights[first + j] : 1.0f;
-      accumulate<kWeighted>(acc, rows[static_cast<int64_t>(j) * per_row], w);
+      accumulate<kWeighted>(acc, routed_vector(a, routed, first + j, per_row, column), w);
     }
     out[v] = make_uint4(pack_pair(acc[0], acc[1]), pack_pair(acc[2], acc[3]),
                         pack_pair(acc[4], acc[5]), pack_pair(acc[6], acc[7]));

@@ -11,7 +11,8 @@
 //   place_kernel    block (chunk, src): each route's ordinal j within its (src, e), its row
 //                   seg_start[e] + sum_s min(count[e][s], j) + #{s < src : count[e][s] > j}
 //                   (the whole rounds before j, then the sources before src in round j), and the
-//                   two stores, or the overflow bit when the row is past the capacity.
+//                   two stores (a third, route_rows, for the routes of `rank` itself when asked),
+//                   or the overflow bit when the row is past the capacity.
 #include "schedule/schedule.h"
 
 #include <cstdint>
@@ -34,11 +35,13 @@ struct Params {
   int64_t* seg_start;
   int32_t* count;
   int32_t* hist;
+  int32_t* route_rows;  // or null
   int64_t routes;
   int64_t chunk;
   int64_t chunks;
   int64_t capacity;
   int64_t first_expert;  // rank * experts: the global id of local expert 0
+  int rank;
   int ep;
   int experts;
 };
@@ -184,6 +187,7 @@ __device__ __forceinline__ bool place(const Params& p, int src, int key, int32_t
   if (row >= p.capacity) return false;
   p.peer_rank[row] = src;
   p.peer_token_idx[row] = static_cast<int32_t>(route);
+  if (p.route_rows != nullptr && src == p.rank) p.route_rows[route] = static_cast<int32_t>(row);
   return true;
 }
 
@@ -250,6 +254,8 @@ Params make_params(const Args& a, const Plan& plan) {
   p.chunks = plan.chunks;
   p.capacity = a.capacity;
   p.first_expert = a.rank * a.experts;
+  p.rank = static_cast<int>(a.rank);
+  p.route_rows = a.route_rows;
   p.ep = static_cast<int>(a.ep);
   p.experts = static_cast<int>(a.experts);
   return p;
@@ -289,6 +295,10 @@ cudaError_t launch(const Args& args, cudaStream_t stream) {
   if (status != cudaSuccess) return status;
   status = cudaMemsetAsync(args.peer_token_idx, 0xFF, row_bytes, stream);
   if (status != cudaSuccess) return status;
+  if (args.route_rows != nullptr && args.routes > 0) {  // -1: a route this schedule drops
+    status = cudaMemsetAsync(args.route_rows, 0xFF, args.routes * sizeof(int32_t), stream);
+    if (status != cudaSuccess) return status;
+  }
 
   const dim3 blocks(static_cast<unsigned>(plan.chunks), static_cast<unsigned>(args.ep));
   const unsigned threads = static_cast<unsigned>(plan.warps * kLanes);

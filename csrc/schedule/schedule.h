@@ -84,6 +84,9 @@ struct Args {
   int64_t experts = 0;
   int64_t capacity = 0;
   int64_t rank = 0;
+  // [routes] out, or null: the row of each of `rank`'s own routes that this schedule places
+  // (-1 for the others): at EP 1 every route's, so the combine reads the rows in place.
+  int32_t* route_rows = nullptr;
 };
 
 // Enqueues the memsets and kernels on `stream`; returns the first failing status (never
