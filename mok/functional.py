@@ -18,8 +18,9 @@ from mok._arguments import check_range, check_tensor, check_type
 from mok.backends.reference import exchange
 from mok.config import MoKConfig
 from mok.ops import fused_backward, fused_forward
-from mok.schedule import MoKSchedule, contained
+from mok.schedule import MoKSchedule, contained, rows_of_routes
 from mok.workspace import (
+    Buffer,
     MoKWorkspace,
     clear_workspace_cache,
     create_workspace,
@@ -155,11 +156,24 @@ def build_schedule(
     schedule = _eager_backend_or(ops.schedule_op, "schedule", ws.device)
     rows = ws.schedule_rows(num_local_experts)
     gathered = _all_gather(ws, config, routing)
-    result = schedule(gathered, num_local_experts, rows, ws.ep_rank, ws.status)
+    route_rows = _route_rows(ws)
+    in_place = {} if route_rows is None else {"route_rows": route_rows}
+    result = schedule(gathered, num_local_experts, rows, ws.ep_rank, ws.status, **in_place)
     _combine_status(ws, num_local_experts)
     if settings.debug():
         device_status.check(ws.status)
-    return MoKSchedule(*result, routes=routing, routes_complete=_keeps_every_route(ws))
+    return MoKSchedule(*result, routes=routing, routes_complete=_keeps_every_route(ws),
+                       route_rows=route_rows)  # fmt: skip
+
+
+def _route_rows(ws: MoKWorkspace) -> torch.Tensor | None:
+    """The tensor the schedule fills with each route's row at EP 1, where every route stays on
+    this rank, so the combine reads the routed rows in place (MoKSchedule.route_rows); None
+    beyond EP 1 and while torch.compile traces (the flat ops push)."""
+    if ws.ep_size > 1 or torch.compiler.is_compiling():
+        return None
+    routes = ws.num_local_tokens * ws.topk
+    return torch.empty(routes, dtype=torch.int32, device=ws.device)
 
 
 def _keeps_every_route(ws: MoKWorkspace) -> bool:
@@ -240,6 +254,7 @@ def forward(
         mxfp8 = validate_inputs(*args)
     ws = workspace
     made_schedule, schedule = schedule, _contained(schedule, ws)
+    kept = {}
     if torch.compiler.is_compiling():
         saved, shared_out = fused_forward.run(
             config, ws, schedule, x, shared, routed, swiglu_limit, mxfp8
@@ -250,13 +265,24 @@ def forward(
         saved, _, shared_out = passes.forward(
             engine, ws.x_buffer, shared, routed, schedule, swiglu_limit, mxfp8
         )
+        kept = engine.kept
     (x_routed, gate, up, hidden), (gate_s, up_s, hidden_s, y_shared) = saved, shared_out
     ctx = MoKForwardContext(x_routed, gate_s, gate, up_s, up, hidden_s, hidden, made_schedule,
                             ws)  # fmt: skip
     epilogue = _eager_backend_or(ops.fwd_epilogue, "fwd_epilogue", ws.device)
-    output = epilogue(y_shared, ws.combine_buffer, _valid_route_weights(schedule, router_weights))
+    routed_rows, in_place = _combined(ws, schedule, kept, Buffer.COMBINE)
+    weights = _valid_route_weights(schedule, router_weights)
+    output = epilogue(y_shared, routed_rows, weights, *in_place)
     _debug_check(ws)
     return output, ctx
+
+
+def _combined(ws: MoKWorkspace, schedule: MoKSchedule, kept: dict, name: str):
+    """What an epilogue sums for buffer `name`, and its extra argument: the rows the pass kept,
+    read in place through schedule.route_rows, or the workspace buffer the peers pushed into."""
+    if name in kept:
+        return kept[name], (schedule.route_rows,)
+    return getattr(ws, name), ()
 
 
 def _announcing(workspace):
@@ -332,29 +358,35 @@ def backward(
                      shape=(ws.num_local_tokens, ws.hidden_size), dims=("T", "H"),
                      device=ws.device)  # fmt: skip
     schedule = _contained(schedule, ws)
+    kept = {}
     if torch.compiler.is_compiling():
         out = fused_backward.run(config, ws, schedule, forward_context, grad_output, x,
                                  router_weights, shared, routed, swiglu_limit, mxfp8)  # fmt: skip
     else:
-        out = _backward_pass(config, ws, schedule, forward_context, grad_output, x, router_weights,
-                             shared, routed, swiglu_limit, mxfp8)  # fmt: skip
+        engine = backends.engine(ws, config)
+        out = _backward_pass(engine, ws, schedule, forward_context, grad_output, x,
+                             router_weights, shared, routed, swiglu_limit, mxfp8)  # fmt: skip
+        kept = engine.kept
     epilogue = _eager_backend_or(ops.bwd_epilogue, "bwd_epilogue", ws.device)
-    d_x = epilogue(out[0], ws.d_x_routed_buffer, ws.topk)
-    d_router_weights = ws.d_router_weight_buffer.clone()
+    routed_rows, in_place = _combined(ws, schedule, kept, Buffer.D_X_ROUTED)
+    d_x = epilogue(out[0], routed_rows, ws.topk, *in_place)
+    d_rw, in_place = _combined(ws, schedule, kept, Buffer.D_ROUTER_WEIGHT)
+    d_router_weights = rows_of_routes(d_rw, *in_place) if in_place else d_rw.clone()
+    d_router_weights = d_router_weights.view(ws.num_local_tokens, ws.topk)
     _debug_check(ws)
     return (d_x, d_router_weights, out[10], out[12], out[14], out[9], out[11], out[13])
 
 
-def _backward_pass(config, ws, schedule, ctx, grad_output, x, router_weights, shared, routed,
+def _backward_pass(engine, ws, schedule, ctx, grad_output, x, router_weights, shared, routed,
                    limit, mxfp8):  # fmt: skip
-    """mok.passes.backward on the workspace's engine, its inputs copied into its buffers."""
+    """mok.passes.backward on the workspace's `engine`, its inputs copied into its buffers."""
     ws.d_y_buffer.copy_(grad_output)
     ws.router_weight_buffer.copy_(router_weights)
     ws.x_buffer.copy_(x)
     saved = (ctx.x_routed, ctx.gate_routed, ctx.up_routed, ctx.hidden_routed)
     shared_saved = None if shared is None else (ctx.gate_shared, ctx.up_shared, ctx.hidden_shared)
-    return passes.backward(backends.engine(ws, config), ws.d_y_buffer, shared, routed, saved,
-                           shared_saved, ws.x_buffer, schedule, limit, mxfp8)  # fmt: skip
+    return passes.backward(engine, ws.d_y_buffer, shared, routed, saved, shared_saved,
+                           ws.x_buffer, schedule, limit, mxfp8)  # fmt: skip
 
 
 def _check_context(ctx, schedule, ws, routed_gate_weights, shared_gate_weights, mxfp8) -> None:

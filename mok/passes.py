@@ -14,6 +14,7 @@ and masked fp32 products; CUDA: NVLink kernels and grouped GEMMs):
 | background, sync)                                | rows, with the router weights rw        |
 | pull_router_weights(schedule, background, sync)  | the fp32 router weight of each row      |
 | push_all(pushes, schedule, background)           | combine: rows into their sources' slots |
+| kept                                             | {Buffer: rows} a pass kept, not pushed  |
 | join()                                           | later work waits for background         |
 |                                                  | exchanges                               |
 | routed_gemms(schedule, E)                        | GEMM engine over the expert segments    |
@@ -25,8 +26,10 @@ a pass has one before its pulls (the sources are written) and none after them, b
 barrier before its pushes, which every rank reaches only after its own pulls, already keeps the
 sources from being overwritten; the pushes of a pass share one barrier before and one after.
 `name` is the mok.workspace.Buffer pulled from; `pushes` is a list of (rows, Buffer pushed
-into). `background=True` lets an engine run the exchange concurrently with the work enqueued
-after it, up to the next `join()`; the passes ask
+into). A schedule that knows every route's row on this rank (`route_rows`, EP 1) needs no
+pushes: the pass keeps its rows in `engine.kept` and the epilogue reads them in place.
+`background=True` lets an engine run the exchange concurrently with the work enqueued after it,
+up to the next `join()`; the passes ask
 for it in the backward, where the shared expert's GEMMs, which need nothing from the exchange,
 are long enough to hide it (`overlaps_shared`), and in MXFP8, beside the dequantization of the
 weights (forward: only for engines whose GEMMs need it, `mx_weights_as_stored` False) and,
@@ -73,10 +76,20 @@ def _shared_backward(engine, d_out, x, saved, shared, limit):
     return (d_x, d_gate, d_up, d_hidden), lambda: tuple(g[0] for g in weight_grads())
 
 
+def _send_home(engine, pushes, schedule, background: bool = False) -> None:
+    """The combine's exchange: each (rows, Buffer) pushed into the sources' buffers, or, when
+    every route's row is on this rank (schedule.route_rows), kept for the epilogue, which reads
+    them in place: a pass over T * k rows less (docs/exchanges.md, EP 1)."""
+    if schedule.route_rows is not None:
+        engine.kept = {name: rows for rows, name in pushes}
+        return
+    engine.push_all(pushes, schedule, background=background)
+
+
 def forward(engine, x, shared, routed, schedule, limit, mxfp8: bool):
     """`schedule` is a MoKSchedule, `shared` (gate, up, down) or None, `routed` the routed
     weights in their mode's form (mok.functional.forward). Returns (routed saved tensors,
-    y_routed, shared (gate, up, hidden, y)); fills combine_buffer.
+    y_routed, shared (gate, up, hidden, y)); fills combine_buffer (or keeps y: `_send_home`).
 
     The shared expert goes first: it needs nothing from the exchange, so its GEMMs keep the GPU
     busy while the host enqueues the routed stages.
@@ -100,7 +113,7 @@ def forward(engine, x, shared, routed, schedule, limit, mxfp8: bool):
         x_rows = engine.pull(Buffer.X, rows, sync=(True, False))
         gate, up, hidden, y = experts.forward_bf16(x_rows, *routed, gemm, limit)
         saved = [x_rows, gate, up, hidden]
-    engine.push_all([(y, Buffer.COMBINE)], schedule)
+    _send_home(engine, [(y, Buffer.COMBINE)], schedule)
     engine.hand_back_pushed()
     return saved, y, shared_out
 
@@ -146,7 +159,7 @@ def backward(engine, d_y, shared, routed, saved, shared_saved, x, schedule, limi
         routed_out = experts.backward_bf16(d_out_rows, rw_rows, *saved, routed, gemm, limit)
     (d_x_r, d_rw, d_gate_r, d_up_r, d_hidden_r), routed_weight_grads = routed_out
     pushes = [(d_x_r, Buffer.D_X_ROUTED), (d_rw, Buffer.D_ROUTER_WEIGHT)]
-    engine.push_all(pushes, schedule, background=overlap)
+    _send_home(engine, pushes, schedule, background=overlap)
     routed_weight_grads.prepare()  # elementwise passes, beside a background push too
     d_wg_s, d_wu_s, d_wd_s = shared_weight_grads()
     engine.join()

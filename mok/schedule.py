@@ -20,13 +20,17 @@ class MoKSchedule:
     | num_tokens        | int32 | [1]   | padded total rows (a multiple of 256), on the device |
     | tokens_per_expert | int32 | [E]   | padded rows of each local expert                     |
     | routes (mok)      | int32 | [T, k]| this rank's expert ids, -1 where invalid, or None    |
+    | route_rows (mok)  | int32 | [T*k] | each route's row here, -1 where none, or None        |
 
     build_schedule keeps `routes` with the schedule it made from them: a route of an invalid id
     contributes exactly zero, whatever its router weight (mok.functional.forward). When the
     workspace's capacity also rules out dropped routes (EP * T * k rows: always at EP <= 2, or
     with schedule_capacity_multiplier >= 1), `routes_complete` is set: the rows nobody pushes
     are then exactly the invalid routes, and the combine zeroes only those instead of its whole
-    destination (docs/exchanges.md). A schedule built any other way has neither.
+    destination (docs/exchanges.md). At EP 1 build_schedule also keeps `route_rows`, the row
+    of every route (token * topk + slot) in this schedule: the passes then send nothing home
+    and the combine epilogues read the routed rows in place through it (docs/exchanges.md,
+    EP 1). A schedule built any other way has none of the three.
     """
 
     peer_rank: torch.Tensor
@@ -35,6 +39,7 @@ class MoKSchedule:
     tokens_per_expert: torch.Tensor
     routes: torch.Tensor | None = None
     routes_complete: bool = False
+    route_rows: torch.Tensor | None = None
 
     def unpushed_routes(self) -> torch.Tensor | None:
         """The routes whose -1 entries are every row no rank pushes, or None if unknown."""
@@ -42,6 +47,14 @@ class MoKSchedule:
 
     def as_tuple(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         return (self.peer_rank, self.peer_token_idx, self.num_tokens, self.tokens_per_expert)
+
+
+def rows_of_routes(rows: torch.Tensor, route_rows: torch.Tensor) -> torch.Tensor:
+    """[T * k, ...]: row route_rows[r] of `rows` for each route r, zeros where it is -1 (or
+    outside `rows`): what a combine buffer holds after the pushes, read in place."""
+    valid = (route_rows >= 0) & (route_rows < rows.shape[0])
+    picked = rows[route_rows.clamp(0, rows.shape[0] - 1).long()]
+    return torch.where(valid.view(-1, *[1] * (rows.dim() - 1)), picked, 0)
 
 
 def contained(schedule: MoKSchedule, ep_size: int, routes_per_rank: int, status) -> MoKSchedule:

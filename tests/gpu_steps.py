@@ -98,16 +98,19 @@ def weights(routed, mode):
     return fwd, [tuple(forms[0]), tuple(forms[1]), tuple(forms[2][2:])]
 
 
-def step(ws, config, data, mode, limit=8.0, *, capturable=False):
+def step(ws, config, data, mode, limit=8.0, *, capturable=False, edit_schedule=None):
     """Schedule, forward and backward; returns ([out, *grads], schedule). The buffers are poisoned
     first and the device status checked last, unless `capturable` (for a CUDA-graph capture:
-    check_status's host sync cannot be captured)."""
+    check_status's host sync cannot be captured). `edit_schedule` maps the built schedule to
+    the one the passes get."""
     fwd_w, bwd_w = weights(data["routed"], mode)
     if not capturable:
         for buffer in (ws.combine_buffer, ws.d_x_routed_buffer):
             buffer.fill_(float("nan"))
     local = data["routed"][0].shape[0]
     schedule = F.build_schedule(ws, config, data["top"], num_local_experts=local)
+    if edit_schedule is not None:
+        schedule = edit_schedule(schedule)
     out, ctx = F.forward(
         config, ws, schedule, data["x"], data["rw"], *data["shared"], *fwd_w, swiglu_limit=limit
     )

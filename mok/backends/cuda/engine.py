@@ -62,6 +62,7 @@ class CudaEngine:
         self.ctas = self.config.overlap_ctas
         self._waiting: torch.cuda.Stream | None = None  # the stream to join, when forked
         self._stand_ins: dict[str, torch.Tensor] = {}  # pushed-into buffer -> its argument
+        self.kept: dict[str, torch.Tensor] = {}  # rows a pass kept instead of pushing
 
     @classmethod
     def with_stand_ins(cls, workspace: MoKWorkspace, buffers: dict[str, torch.Tensor],

@@ -16,7 +16,10 @@ from mok.backends.cuda import extension
 
 
 def fwd_epilogue(
-    y_shared: torch.Tensor | None, combine_buffer: torch.Tensor, topk_weights: torch.Tensor
+    y_shared: torch.Tensor | None,
+    combine_buffer: torch.Tensor,
+    topk_weights: torch.Tensor,
+    route_rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """out[t] = bf16(y_shared[t] + sum_j w[t, j] * combine_buffer[t * k + j]), fp32, j in order
     (bit for bit `mok.ops.fwd_epilogue`'s reference arithmetic).
@@ -26,22 +29,30 @@ def fwd_epilogue(
     | y_shared       | bf16  | [T, H] or None |
     | combine_buffer | bf16  | [T * k, H]     |
     | topk_weights   | fp32  | [T, k]         |
+    | route_rows     | int32 | [T * k] or None|
     | output         | bf16  | [T, H]         |
+
+    With `route_rows` (MoKSchedule.route_rows), `combine_buffer` is the routed rows [R, H],
+    read in place: route r's row is route_rows[r], a zero row where that is -1.
     """
-    return _launch(y_shared, combine_buffer, topk_weights, topk_weights.shape[1])
+    return _launch(y_shared, combine_buffer, topk_weights, topk_weights.shape[1], route_rows)
 
 
 def bwd_epilogue(
-    d_x_shared: torch.Tensor | None, d_x_routed_buffer: torch.Tensor, topk: int
+    d_x_shared: torch.Tensor | None,
+    d_x_routed_buffer: torch.Tensor,
+    topk: int,
+    route_rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """d_x[t] = bf16(d_x_shared[t] + sum_j d_x_routed_buffer[t * k + j]), fp32, j in order
-    (bit for bit `mok.ops.bwd_epilogue`'s reference arithmetic). Shapes as `fwd_epilogue`;
-    `topk` in [1, mok.workspace.MAX_TOPK]."""
-    return _launch(d_x_shared, d_x_routed_buffer, None, topk)
+    (bit for bit `mok.ops.bwd_epilogue`'s reference arithmetic). Shapes and `route_rows` as
+    `fwd_epilogue`'s; `topk` in [1, mok.workspace.MAX_TOPK]."""
+    return _launch(d_x_shared, d_x_routed_buffer, None, topk, route_rows)
 
 
-def _launch(shared, routed, weights, topk: int) -> torch.Tensor:
-    tokens, hidden = routed.shape[0] // topk, routed.shape[1]
+def _launch(shared, routed, weights, topk: int, route_rows) -> torch.Tensor:
+    routes = routed.shape[0] if route_rows is None else route_rows.numel()
+    tokens, hidden = routes // topk, routed.shape[1]
     out = torch.empty((tokens, hidden), dtype=torch.bfloat16, device=routed.device)
     if out.numel() == 0:
         return out
@@ -59,5 +70,7 @@ def _launch(shared, routed, weights, topk: int) -> torch.Tensor:
         tokens=tokens,
         hidden=hidden,
         topk=topk,
+        route_rows=0 if route_rows is None else route_rows.data_ptr(),
+        routed_rows=routed.shape[0],
     )
     return out

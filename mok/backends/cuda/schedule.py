@@ -70,6 +70,7 @@ def schedule(
     capacity: int,
     rank: int,
     status: torch.Tensor,
+    route_rows: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The schedule of destination `rank` (order: `mok.backends.reference.schedule`).
 
@@ -81,6 +82,8 @@ def schedule(
     | peer_token_idx     | int32 | [C]        | token * k + slot on the source, -1 on padding |
     | num_tokens         | int32 | [1]        | rows in use, a multiple of 256, <= C          |
     | tokens_per_expert  | int32 | [E]        | padded rows per local expert, cut at C        |
+    | route_rows         | int32 | [T * k]    | optional, filled: each of `rank`'s own routes' |
+    |                    |       |            | row, -1 for a route placed elsewhere or cut   |
 
     C = `capacity` (a multiple of 256), E = `num_local_experts` (at most 8192), `rank` in
     [0, EP). Asynchronous on the current stream; NotImplementedError if no module serves the
@@ -91,6 +94,9 @@ def schedule(
     topk_all = topk_all.contiguous()
     ep, tokens, topk = topk_all.shape
     routes, device = tokens * topk, topk_all.device
+    if route_rows is not None:
+        check_tensor("route_rows", route_rows, dtype=torch.int32, shape=(routes,),
+                     dims=("T * k",), device=device)  # fmt: skip
 
     def int32(*shape: int) -> torch.Tensor:
         return torch.empty(shape, dtype=torch.int32, device=device)
@@ -115,5 +121,6 @@ def schedule(
         experts=num_local_experts,
         capacity=capacity,
         rank=rank,
+        route_rows=route_rows.data_ptr() if route_rows is not None and routes else 0,
     )
     return peer_rank, peer_token_idx, num_tokens, tokens_per_expert

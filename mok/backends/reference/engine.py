@@ -33,6 +33,7 @@ class ReferenceEngine:
 
     def __init__(self, buffers: dict[str, torch.Tensor], topk: int, group, status=None):
         self.buffers, self.topk, self.group, self.status = buffers, topk, group, status
+        self.kept: dict[str, torch.Tensor] = {}  # rows a pass kept instead of pushing
 
     @classmethod
     def of_workspace(cls, workspace) -> ReferenceEngine:

@@ -12,6 +12,7 @@ from mok.backends.reference import exchange
 from mok.backends.reference import schedule as schedule_stage
 from mok.backends.reference.engine import ReferenceEngine, group_of
 from mok.backends.reference.exchange import resolve_group
+from mok.schedule import rows_of_routes
 
 mxfp8_quantize = mxfp8.quantize
 routing = schedule_stage.routing
@@ -61,9 +62,13 @@ def barrier(barrier_buffer, barrier_buffer_ptrs, target, group_name: str) -> Non
     target.add_(1)
 
 
-def fwd_epilogue(y_shared, combine_buffer, topk_weights) -> torch.Tensor:
-    """out[t] = bf16(y_shared[t] + sum_j w[t, j] * combine_buffer[t * k + j]), fp32, j in order."""
+def fwd_epilogue(y_shared, combine_buffer, topk_weights, route_rows=None) -> torch.Tensor:
+    """out[t] = bf16(y_shared[t] + sum_j w[t, j] * combine_buffer[t * k + j]), fp32, j in order.
+    With `route_rows` (MoKSchedule.route_rows) `combine_buffer` is the routed rows, read in
+    place (mok.schedule.rows_of_routes)."""
     tokens, topk = topk_weights.shape
+    if route_rows is not None:
+        combine_buffer = rows_of_routes(combine_buffer, route_rows)
     routed = combine_buffer.float().reshape(tokens, topk, -1)
     total = torch.zeros_like(routed[:, 0]) if y_shared is None else y_shared.float()
     for slot in range(topk):
@@ -71,8 +76,11 @@ def fwd_epilogue(y_shared, combine_buffer, topk_weights) -> torch.Tensor:
     return total.to(torch.bfloat16)
 
 
-def bwd_epilogue(d_x_shared, d_x_routed_buffer, topk: int) -> torch.Tensor:
-    """d_x[t] = bf16(d_x_shared[t] + sum_j d_x_routed_buffer[t * k + j]), fp32, j in order."""
+def bwd_epilogue(d_x_shared, d_x_routed_buffer, topk: int, route_rows=None) -> torch.Tensor:
+    """d_x[t] = bf16(d_x_shared[t] + sum_j d_x_routed_buffer[t * k + j]), fp32, j in order;
+    `route_rows` as fwd_epilogue's."""
+    if route_rows is not None:
+        d_x_routed_buffer = rows_of_routes(d_x_routed_buffer, route_rows)
     routed = d_x_routed_buffer.float().reshape(-1, topk, d_x_routed_buffer.shape[1])
     total = torch.zeros_like(routed[:, 0]) if d_x_shared is None else d_x_shared.float()
     for slot in range(topk):

@@ -15,12 +15,14 @@ def routing(ids: torch.Tensor, num_experts: int, status: torch.Tensor) -> torch.
     return torch.where(valid, ids, -1).to(torch.int32)
 
 
-def schedule(topk_all: torch.Tensor, num_local_experts: int, capacity: int, rank: int, status):
+def schedule(topk_all: torch.Tensor, num_local_experts: int, capacity: int, rank: int, status,
+             route_rows: torch.Tensor | None = None):  # fmt: skip
     """Rows for destination `rank`, grouped by local expert in 256-row padded segments.
 
     Inside a segment the source ranks take turns (round-robin: the j-th route of every source
     before the (j+1)-th of any), each source's routes in `token * topk + k` order. Padding rows
-    hold -1. Routes past `capacity` are dropped and recorded in `status`.
+    hold -1. Routes past `capacity` are dropped and recorded in `status`. `route_rows` (int32
+    [T * k], optional) receives the row of each of `rank`'s own routes, -1 for the others.
     """
     ep, tokens, topk = topk_all.shape
     n_experts, device = num_local_experts, topk_all.device
@@ -48,6 +50,11 @@ def schedule(topk_all: torch.Tensor, num_local_experts: int, capacity: int, rank
     kept = is_mine & (row < capacity)
     device_status.record(status, device_status.CAPACITY_OVERFLOW, is_mine & (row >= capacity))
 
+    if route_rows is not None:
+        own = kept & (src_sorted == rank)
+        rows_of_own = torch.full((per_src + 1,), -1, dtype=torch.int32, device=device)
+        rows_of_own.scatter_(0, torch.where(own, route_sorted, per_src), row.to(torch.int32))
+        route_rows.copy_(rows_of_own[:per_src])
     target = torch.where(kept, row, capacity)
     peer_rank = torch.full((capacity + 1,), -1, dtype=torch.int32, device=device)
     peer_token = torch.full((capacity + 1,), -1, dtype=torch.int32, device=device)
