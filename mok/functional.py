@@ -18,7 +18,7 @@ from mok._arguments import check_range, check_tensor, check_type
 from mok.backends.reference import exchange
 from mok.config import MoKConfig
 from mok.ops import fused_backward, fused_forward
-from mok.schedule import MoKSchedule, contained, rows_of_routes
+from mok.schedule import MoKSchedule, contained, route_rows_to_fill, rows_of_routes
 from mok.workspace import (
     Buffer,
     MoKWorkspace,
@@ -156,7 +156,7 @@ def build_schedule(
     schedule = _eager_backend_or(ops.schedule_op, "schedule", ws.device)
     rows = ws.schedule_rows(num_local_experts)
     gathered = _all_gather(ws, config, routing)
-    route_rows = _route_rows(ws)
+    route_rows = route_rows_to_fill(ws.ep_size, ws.num_local_tokens * ws.topk, ws.device)
     in_place = {} if route_rows is None else {"route_rows": route_rows}
     result = schedule(gathered, num_local_experts, rows, ws.ep_rank, ws.status, **in_place)
     _combine_status(ws, num_local_experts)
@@ -164,16 +164,6 @@ def build_schedule(
         device_status.check(ws.status)
     return MoKSchedule(*result, routes=routing, routes_complete=_keeps_every_route(ws),
                        route_rows=route_rows)  # fmt: skip
-
-
-def _route_rows(ws: MoKWorkspace) -> torch.Tensor | None:
-    """The tensor the schedule fills with each route's row at EP 1, where every route stays on
-    this rank, so the combine reads the routed rows in place (MoKSchedule.route_rows); None
-    beyond EP 1 and while torch.compile traces (the flat ops push)."""
-    if ws.ep_size > 1 or torch.compiler.is_compiling():
-        return None
-    routes = ws.num_local_tokens * ws.topk
-    return torch.empty(routes, dtype=torch.int32, device=ws.device)
 
 
 def _keeps_every_route(ws: MoKWorkspace) -> bool:
@@ -271,7 +261,7 @@ def forward(
                             ws)  # fmt: skip
     epilogue = _eager_backend_or(ops.fwd_epilogue, "fwd_epilogue", ws.device)
     routed_rows, in_place = _combined(ws, schedule, kept, Buffer.COMBINE)
-    weights = _valid_route_weights(schedule, router_weights)
+    weights = schedule.valid_route_weights(router_weights)
     output = epilogue(y_shared, routed_rows, weights, *in_place)
     _debug_check(ws)
     return output, ctx
@@ -302,14 +292,6 @@ def _contained(schedule: MoKSchedule, ws: MoKWorkspace) -> MoKSchedule:
     if schedule.routes is not None:
         return schedule
     return contained(schedule, ws.ep_size, ws.num_local_tokens * ws.topk, ws.status)
-
-
-def _valid_route_weights(schedule: MoKSchedule, router_weights: torch.Tensor) -> torch.Tensor:
-    """The router weights with those of invalid routes zeroed: such a route's combined row is
-    zero, and a NaN or Inf weight would otherwise make the token's output NaN (0 * NaN)."""
-    if schedule.routes is None:
-        return router_weights
-    return torch.where(schedule.routes >= 0, router_weights, 0.0)
 
 
 def _shared(gate, up, down):

@@ -48,6 +48,23 @@ class MoKSchedule:
     def as_tuple(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         return (self.peer_rank, self.peer_token_idx, self.num_tokens, self.tokens_per_expert)
 
+    def valid_route_weights(self, router_weights: torch.Tensor) -> torch.Tensor:
+        """The router weights with those of invalid routes zeroed: such a route's combined row
+        is zero, and a NaN or Inf weight would otherwise make the token's output NaN (0 * NaN).
+        Unchanged without `routes`."""
+        if self.routes is None:
+            return router_weights
+        return torch.where(self.routes >= 0, router_weights, 0.0)
+
+
+def route_rows_to_fill(ep_size: int, routes: int, device) -> torch.Tensor | None:
+    """The int32 [routes] tensor the schedule fills with each route's row at EP 1, where every
+    route stays on its rank, so that the combine reads the routed rows in place (`route_rows`);
+    None beyond EP 1 and while torch.compile traces (the flat ops it calls push)."""
+    if ep_size > 1 or torch.compiler.is_compiling():
+        return None
+    return torch.empty(routes, dtype=torch.int32, device=device)
+
 
 def rows_of_routes(rows: torch.Tensor, route_rows: torch.Tensor) -> torch.Tensor:
     """[T * k, ...]: row route_rows[r] of `rows` for each route r, zeros where it is -1 (or
