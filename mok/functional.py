@@ -250,10 +250,10 @@ def forward(
             config, ws, schedule, x, shared, routed, swiglu_limit, mxfp8
         )
     else:
-        ws.x_buffer.copy_(x)
         engine = backends.engine(ws, config)
+        engine.use_sources({Buffer.X: x})
         saved, _, shared_out = passes.forward(
-            engine, ws.x_buffer, shared, routed, schedule, swiglu_limit, mxfp8
+            engine, x, shared, routed, schedule, swiglu_limit, mxfp8
         )
         kept = engine.kept
     (x_routed, gate, up, hidden), (gate_s, up_s, hidden_s, y_shared) = saved, shared_out
@@ -346,7 +346,7 @@ def backward(
                                  router_weights, shared, routed, swiglu_limit, mxfp8)  # fmt: skip
     else:
         engine = backends.engine(ws, config)
-        out = _backward_pass(engine, ws, schedule, forward_context, grad_output, x,
+        out = _backward_pass(engine, schedule, forward_context, grad_output, x,
                              router_weights, shared, routed, swiglu_limit, mxfp8)  # fmt: skip
         kept = engine.kept
     epilogue = _eager_backend_or(ops.bwd_epilogue, "bwd_epilogue", ws.device)
@@ -359,16 +359,16 @@ def backward(
     return (d_x, d_router_weights, out[10], out[12], out[14], out[9], out[11], out[13])
 
 
-def _backward_pass(engine, ws, schedule, ctx, grad_output, x, router_weights, shared, routed,
+def _backward_pass(engine, schedule, ctx, grad_output, x, router_weights, shared, routed,
                    limit, mxfp8):  # fmt: skip
-    """mok.passes.backward on the workspace's `engine`, its inputs copied into its buffers."""
-    ws.d_y_buffer.copy_(grad_output)
-    ws.router_weight_buffer.copy_(router_weights)
-    ws.x_buffer.copy_(x)
+    """mok.passes.backward on the workspace's `engine`; the inputs its peers pull are copied into
+    its buffers, or read in place at EP 1 (`use_sources`). x feeds only the shared expert's
+    weight gradients, which no peer reads: it is never copied."""
+    engine.use_sources({Buffer.D_Y: grad_output, Buffer.ROUTER_WEIGHT: router_weights})
     saved = (ctx.x_routed, ctx.gate_routed, ctx.up_routed, ctx.hidden_routed)
     shared_saved = None if shared is None else (ctx.gate_shared, ctx.up_shared, ctx.hidden_shared)
-    return passes.backward(engine, ws.d_y_buffer, shared, routed, saved, shared_saved,
-                           ws.x_buffer, schedule, limit, mxfp8)  # fmt: skip
+    return passes.backward(engine, grad_output, shared, routed, saved, shared_saved, x,
+                           schedule, limit, mxfp8)  # fmt: skip
 
 
 def _check_context(ctx, schedule, ws, routed_gate_weights, shared_gate_weights, mxfp8) -> None:

@@ -49,6 +49,18 @@ inline void row_bytes(int64_t value) {
           "`row_bytes` must be a positive multiple of 4, got " + std::to_string(value));
 }
 
+// A pull's source: every rank's buffer through `src_table`, or (ep 1) the caller's own tensor
+// at `src_direct`, read in place.
+inline void pull_source(uintptr_t src_table, uintptr_t src_direct, int ep) {
+  if (src_direct == 0) {
+    address("src_table", src_table, 8);
+    return;
+  }
+  address("src_direct", src_direct, 16);
+  require(ep == 1, "`src_direct` reads the local source in place, which needs ep 1, got ep=" +
+                       std::to_string(ep));
+}
+
 inline comm::ScheduleView schedule(uintptr_t peer_rank, uintptr_t peer_token_idx,
                                    uintptr_t num_tokens, int64_t rows) {
   at_least("rows", rows, 0);
@@ -107,10 +119,10 @@ inline void comm_all_gather(uintptr_t src, uintptr_t dst_table, int64_t bytes, i
 inline void comm_pull_rows(uintptr_t src_table, uintptr_t out, uintptr_t peer_rank,
                            uintptr_t peer_token_idx, uintptr_t num_tokens, int64_t rows,
                            int64_t row_bytes, int64_t src_rows, int divisor, int ep, int ctas,
-                           bool zero_rest, uintptr_t stream) {
+                           bool zero_rest, uintptr_t stream, uintptr_t src_direct) {
   namespace c = comm_checks;
   c::group_size(ep);
-  c::address("src_table", src_table, 8);
+  c::pull_source(src_table, src_direct, ep);
   c::address("out", out, 4);
   c::row_bytes(row_bytes);
   c::at_least("src_rows", src_rows, 0);
@@ -119,6 +131,7 @@ inline void comm_pull_rows(uintptr_t src_table, uintptr_t out, uintptr_t peer_ra
   comm::PullArgs a;
   a.schedule = c::schedule(peer_rank, peer_token_idx, num_tokens, rows);
   a.src_table = reinterpret_cast<const uint64_t*>(src_table);
+  a.src_direct = reinterpret_cast<const void*>(src_direct);
   a.out = reinterpret_cast<void*>(out);
   a.row_bytes = row_bytes;
   a.src_rows = src_rows;
@@ -139,10 +152,10 @@ inline void comm_pull_round(uintptr_t src_table, uintptr_t peer_rank, uintptr_t 
                             int divisor, int ep, uintptr_t rounded, uintptr_t out_t,
                             uintptr_t scale_t, int ctas, uintptr_t stream,
                             uintptr_t src_exponents, uintptr_t row_exponents,
-                            uintptr_t rounded_rows, uintptr_t row_scale) {
+                            uintptr_t rounded_rows, uintptr_t row_scale, uintptr_t src_direct) {
   namespace c = comm_checks;
   c::group_size(ep);
-  c::address("src_table", src_table, 8);
+  c::pull_source(src_table, src_direct, ep);
   const comm::ScheduleView view = c::schedule(peer_rank, peer_token_idx, num_tokens, rows);
   c::require(rows % mxfp8::kTile == 0 && cols > 0 && cols % mxfp8::kTile == 0,
              "`rows` and `cols` must be multiples of 128 (cols > 0), got " +
@@ -185,6 +198,7 @@ inline void comm_pull_round(uintptr_t src_table, uintptr_t peer_rank, uintptr_t 
   args.cols = cols;
   mxfp8::GatherArgs gather;
   gather.src_table = reinterpret_cast<const uint64_t*>(src_table);
+  gather.src_direct = reinterpret_cast<const void*>(src_direct);
   gather.peer_rank = view.peer_rank;
   gather.peer_token_idx = view.peer_token_idx;
   gather.src_rows = src_rows;
@@ -282,22 +296,25 @@ inline void bind_comm(pybind11::module_& m) {
   m.def("comm_pull_rows", &comm_pull_rows, py::arg("src_table"), py::arg("out"),
         py::arg("peer_rank"), py::arg("peer_token_idx"), py::arg("num_tokens"), py::arg("rows"),
         py::arg("row_bytes"), py::arg("src_rows"), py::arg("divisor"), py::arg("ep"),
-        py::arg("ctas"), py::arg("zero_rest"), py::arg("stream"),
+        py::arg("ctas"), py::arg("zero_rest"), py::arg("stream"), py::arg("src_direct") = 0,
         "out[i] = rank peer_rank[i]'s source row peer_token_idx[i] // divisor; zero on padding "
-        "rows, and on rows >= num_tokens when zero_rest (else left as they are; no barrier).");
+        "rows, and on rows >= num_tokens when zero_rest (else left as they are; no barrier). "
+        "src_direct (ep 1, 16-byte aligned): the local source itself, read instead of "
+        "src_table[0].");
   m.def("comm_pull_round", &comm_pull_round, py::arg("src_table"), py::arg("peer_rank"),
         py::arg("peer_token_idx"), py::arg("num_tokens"), py::arg("rows"), py::arg("cols"),
         py::arg("src_rows"), py::arg("divisor"), py::arg("ep"), py::arg("rounded"),
         py::arg("out_t"), py::arg("scale_t"), py::arg("ctas"), py::arg("stream"),
         py::arg("src_exponents") = 0, py::arg("row_exponents") = 0, py::arg("rounded_rows") = 0,
-        py::arg("row_scale") = 0,
+        py::arg("row_scale") = 0, py::arg("src_direct") = 0,
         "comm_pull_rows of bf16 rows [rows, cols] and mxfp8_quantize's rounded values and "
         "transposed pair of the pulled rows in one pass (the pulled rows are not stored); "
         "128-row tiles at or past num_tokens write nothing; ctas 0: one CTA per tile (no "
         "barrier). With src_exponents (ep 1, uint8 [src_rows]): rounded is f16, each row times "
         "2^(127 - R) of its source row's byte R, and row_exponents (uint8 [rows]) gets R. With "
         "rounded_rows and row_scale (fp32 [rows]) instead of out_t and scale_t: rounded_rows "
-        "gets mxfp8_round_rows of the pulled rows with that row_scale.");
+        "gets mxfp8_round_rows of the pulled rows with that row_scale. src_direct as in "
+        "comm_pull_rows.");
   m.def("comm_push_rows", &comm_push_rows, py::arg("rows_data"), py::arg("dst_table"),
         py::arg("peer_rank"), py::arg("peer_token_idx"), py::arg("num_tokens"), py::arg("rows"),
         py::arg("row_bytes"), py::arg("dst_rows"), py::arg("ep"), py::arg("ctas"),

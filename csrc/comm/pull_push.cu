@@ -48,7 +48,9 @@ __device__ __forceinline__ void pull_slice(const PullArgs& a, int64_t row, int64
   V* dst = reinterpret_cast<V*>(static_cast<uint8_t*>(a.out) + row * a.row_bytes) + first;
   int64_t index;
   if (valid_entry(e, a.ep, a.divisor, a.src_rows, &index)) {
-    const uint8_t* src = reinterpret_cast<const uint8_t*>(a.src_table[e.rank]);
+    const uint8_t* src = a.src_direct != nullptr
+                             ? static_cast<const uint8_t*>(a.src_direct)
+                             : reinterpret_cast<const uint8_t*>(a.src_table[e.rank]);
     copy_row(dst, reinterpret_cast<const V*>(src + index * a.row_bytes) + first, count, team);
   } else {
     zero_row(dst, count, team);

@@ -47,6 +47,9 @@ cudaError_t launch_quantize(const QuantizeArgs& args, cudaStream_t stream);
 // and entries outside the group or the source.
 struct GatherArgs {
   const uint64_t* src_table = nullptr;  // [ep] every rank's bf16 source [src_rows, cols], mapped
+  // Non-null (ep 1 only): the caller's own source, read instead of src_table[0] (no copy into
+  // the workspace buffer first). 16-byte aligned.
+  const void* src_direct = nullptr;
   const int32_t* peer_rank = nullptr;   // [rows]
   const int32_t* peer_token_idx = nullptr;
   int64_t src_rows = 0;

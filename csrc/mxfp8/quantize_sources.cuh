@@ -153,8 +153,10 @@ struct GatherSource : RegisterRows {
         for (int i = 0; i < kWordsPerChunk; ++i) w[pass][i] = 0u;
         continue;
       }
-      const uint16_t* src_row =
-          reinterpret_cast<const uint16_t*>(p.gather.src_table[rank]) + source * p.cols;
+      const void* base = p.gather.src_direct != nullptr
+                             ? p.gather.src_direct
+                             : reinterpret_cast<const void*>(p.gather.src_table[rank]);
+      const uint16_t* src_row = static_cast<const uint16_t*>(base) + source * p.cols;
       const uint4* src = reinterpret_cast<const uint4*>(src_row + t.n0 + chunk_index * kChunk);
       const uint4 a = src[0];
       const uint4 b = src[1];

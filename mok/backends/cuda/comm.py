@@ -98,6 +98,28 @@ def _buffer(ws: MoKWorkspace, name: str, allowed: tuple[str, ...]) -> torch.Tens
     return getattr(ws, name)
 
 
+def direct_source(ws: MoKWorkspace, name: str, buffer: torch.Tensor, source) -> int:
+    """The address a pull reads its rows from instead of the peers' `name` buffers (0: from
+    those, through the peer table): `source`, the caller's own rows, read in place at EP 1, where
+    the only source is this rank's (no copy into the workspace buffer first). It must be what
+    the buffer would hold: its dtype and shape, contiguous, on its device, 16-byte aligned."""
+    if source is None:
+        return 0
+    if ws.ep_size != 1:
+        raise ValueError(f"`source` (read in place) needs EP 1, got EP {ws.ep_size}")
+    _check("source", source, buffer.dtype, ws.device)
+    if source.shape != buffer.shape or not source.is_contiguous():
+        raise ValueError(
+            f"`source` must be a contiguous {list(buffer.shape)} like `{name}`, got "
+            f"{list(source.shape)} with strides {list(source.stride())}"
+        )
+    if source.data_ptr() % _extension.ALIGNMENT:
+        raise ValueError(
+            f"`source` must be {_extension.ALIGNMENT}-byte aligned, got address {source.data_ptr()}"
+        )
+    return source.data_ptr()
+
+
 def zero_destination(ws: MoKWorkspace, name: str, routes: torch.Tensor | None = None):
     """Zero the rows of this rank's push destination `name` (one of the combine buffers) that
     no rank will push, and return it; they read as zero once a barrier has followed (see
@@ -200,7 +222,7 @@ def combine_status(ws: MoKWorkspace, num_local_experts: int) -> None:
     device_status.combine(ws.status, ws.status_gather_buffer, num_local_experts)
 
 
-def _pull(ws, name, source, schedule, out, divisor, sync, num_ctas, zero_rest):
+def _pull(ws, name, source, schedule, out, divisor, sync, num_ctas, zero_rest, src_direct=0):
     peer_rank, peer_token_idx, num_tokens = _schedule_rows(ws, schedule)
     row_shape = tuple(source.shape[1:])
     if out is None:
@@ -224,6 +246,7 @@ def _pull(ws, name, source, schedule, out, divisor, sync, num_ctas, zero_rest):
         divisor=divisor,
         ctas=num_ctas or _default_ctas(ws.device),
         zero_rest=zero_rest,
+        src_direct=src_direct,
     )
     return out
 
@@ -260,10 +283,12 @@ def pull_rows(
     sync_after: bool = True,
     num_ctas: int | None = None,
     zero_rest: bool = True,
+    source: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Dispatch: out[i] = rank peer_rank[i]'s `source[peer_token_idx[i] // topk]`; zero on
     padding rows (peer_rank < 0) and on rows at or past num_tokens (read on the device), or,
     when not `zero_rest`, those rows left as they are (for buffers nothing reads past there).
+    `source` (EP 1): the caller's rows, read in place instead of the buffer (`direct_source`).
 
     | argument            | dtype       | shape                                   |
     |---------------------|-------------|-----------------------------------------|
@@ -274,9 +299,11 @@ def pull_rows(
     `sync_before` waits until every rank has written its source buffer; `sync_after` keeps the
     sources from being overwritten while a peer still pulls from them.
     """
-    source = _buffer(ws, source_buffer_name, _PULL_SOURCES)
+    buffer = _buffer(ws, source_buffer_name, _PULL_SOURCES)
     sync = (sync_before, sync_after)
-    return _pull(ws, source_buffer_name, source, schedule, out, ws.topk, sync, num_ctas, zero_rest)
+    direct = direct_source(ws, source_buffer_name, buffer, source)
+    return _pull(ws, source_buffer_name, buffer, schedule, out, ws.topk, sync, num_ctas,
+                 zero_rest, direct)  # fmt: skip
 
 
 def pull_router_weights(
@@ -288,13 +315,16 @@ def pull_router_weights(
     sync_after: bool = True,
     num_ctas: int | None = None,
     zero_rest: bool = True,
+    source: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Reverse-combine helper: out[i] = rank peer_rank[i]'s `router_weight_buffer` at flat index
-    peer_token_idx[i] (fp32 [C]); 0 on padding rows. Barriers and `zero_rest` as in
-    `pull_rows`."""
-    source = ws.router_weight_buffer.view(-1)
+    peer_token_idx[i] (fp32 [C]); 0 on padding rows. Barriers, `zero_rest` and `source` (EP 1:
+    the caller's fp32 [T, k] router weights, read in place) as in `pull_rows`."""
+    buffer = ws.router_weight_buffer
+    direct = direct_source(ws, Buffer.ROUTER_WEIGHT, buffer, source)
     sync = (sync_before, sync_after)
-    return _pull(ws, Buffer.ROUTER_WEIGHT, source, schedule, out, 1, sync, num_ctas, zero_rest)
+    return _pull(ws, Buffer.ROUTER_WEIGHT, buffer.view(-1), schedule, out, 1, sync, num_ctas,
+                 zero_rest, direct)  # fmt: skip
 
 
 def push_rows(

@@ -17,7 +17,7 @@ import torch
 from mok import backends
 from mok._arguments import describe
 from mok.backends.cuda import comm as cuda_comm
-from mok.backends.cuda import mxfp8_pulls
+from mok.backends.cuda import extension, mxfp8_pulls
 from mok.backends.cuda.dense_gemms import DenseGemms
 from mok.config import MoKConfig
 from mok.experts import mx_round_d_out
@@ -63,6 +63,19 @@ class CudaEngine:
         self._waiting: torch.cuda.Stream | None = None  # the stream to join, when forked
         self._stand_ins: dict[str, torch.Tensor] = {}  # pushed-into buffer -> its argument
         self.kept: dict[str, torch.Tensor] = {}  # rows a pass kept instead of pushing
+        self._in_place: dict[str, torch.Tensor] = {}  # pulled-from buffer -> the caller's tensor
+
+    def use_sources(self, tensors: dict[str, torch.Tensor]) -> None:
+        """The caller's tensors for the buffers a pass pulls from (checked: the buffers' shapes
+        and dtypes, contiguous). At EP 1, where the only source is this rank's, the pulls read
+        each one in place if it is 16-byte aligned (cuda_comm.direct_source): a copy less
+        before the first GEMM. Any other is copied into its workspace buffer here, for the
+        peers."""
+        for name, tensor in tensors.items():
+            if self.ws.ep_size == 1 and tensor.data_ptr() % extension.ALIGNMENT == 0:
+                self._in_place[name] = tensor
+            else:
+                getattr(self.ws, name).copy_(tensor)
 
     @classmethod
     def with_stand_ins(cls, workspace: MoKWorkspace, buffers: dict[str, torch.Tensor],
@@ -131,8 +144,9 @@ class CudaEngine:
         out = source.new_empty((schedule[0].shape[0], *source.shape[1:]))
         with self._exchange(background) as ctas:
             return cuda_comm.pull_rows(
-                self.ws, name, schedule, out, **self._pull_options(sync, ctas)
-            )
+                self.ws, name, schedule, out, source=self._in_place.get(name),
+                **self._pull_options(sync, ctas),
+            )  # fmt: skip
 
     def pull_rounded(self, name: str, schedule, gemm, background=False, *, sync=(True, True)):
         """A callable giving `gemm.mx_round_both` of `self.pull(name, schedule)`'s rows; call
@@ -161,7 +175,8 @@ class CudaEngine:
         if self.ws.ep_size == 1 or not background:
             self.join()
             before, after = sync
-            rounded = fused(self.ws, name, schedule, sync_before=before, sync_after=after)
+            rounded = fused(self.ws, name, schedule, sync_before=before, sync_after=after,
+                            source=self._in_place.get(name))  # fmt: skip
             return lambda: rounded
         rows = self.pull(name, schedule, background, sync=sync)
         return lambda: rounding(rows)
@@ -170,8 +185,9 @@ class CudaEngine:
         out = self.ws.router_weight_buffer.new_empty(schedule[0].shape[0])
         with self._exchange(background) as ctas:
             return cuda_comm.pull_router_weights(
-                self.ws, schedule, out, **self._pull_options(sync, ctas)
-            )
+                self.ws, schedule, out, source=self._in_place.get(Buffer.ROUTER_WEIGHT),
+                **self._pull_options(sync, ctas),
+            )  # fmt: skip
 
     def push_all(self, pushes, schedule, background: bool = False) -> None:
         """Combine each (rows, destination name): the rows nobody pushes zeroed in every

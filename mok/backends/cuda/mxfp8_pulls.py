@@ -17,7 +17,7 @@ import torch
 
 from mok._arguments import check_tensor
 from mok.backends.cuda import mxfp8
-from mok.backends.cuda.comm import _PULL_SOURCES, _buffer, _schedule_rows, run_pull
+from mok.backends.cuda.comm import _PULL_SOURCES, _buffer, _schedule_rows, direct_source, run_pull
 from mok.backends.cuda.experimental import f16_rows
 from mok.workspace import MoKWorkspace
 
@@ -33,6 +33,7 @@ def pull_round(
     sync_after: bool = True,
     num_ctas: int | None = None,
     rebased: bool = False,
+    source: torch.Tensor | None = None,
 ):
     """(values, (data_t, scale_t)) of the rows `pull_rows(ws, source_buffer_name, schedule)`
     would give: `values` bf16 [C, H] their rounded values, `data_t` fp8 [H, C] and `scale_t`
@@ -46,9 +47,11 @@ def pull_round(
     `rebased` (EP 1): `values` is a f16_rows.RebasedRows instead, the same values as f16
     times 2^(127 - R) with R the exponent byte of the source token (f16_rows.row_exponents
     of the source buffer, one more pass over the T local tokens), the MXFP8 GEMM on f16
-    operands' input (f16_rows.linear_mx_f16).
+    operands' input (f16_rows.linear_mx_f16). `source` (EP 1): the caller's rows, read in place
+    instead of the buffer (cuda_comm.direct_source).
     """
-    source, schedule_rows, (rows, cols) = _tiled_pull(ws, source_buffer_name, schedule, num_ctas)
+    named, schedule_rows, (rows, cols) = _tiled_pull(ws, source_buffer_name, schedule, num_ctas,
+                                                     source)  # fmt: skip
     if rebased and ws.ep_size != 1:
         raise ValueError(f"`rebased` rows need the local source (EP 1), got EP {ws.ep_size}")
     dtype = torch.float16 if rebased else torch.bfloat16
@@ -59,12 +62,12 @@ def pull_round(
         storage = torch.empty(rows + f16_rows.EXPONENT_PADDING, dtype=torch.uint8,
                               device=ws.device)  # fmt: skip
         exponents = {
-            "src_exponents": f16_rows.row_exponents(source).data_ptr(),
+            "src_exponents": f16_rows.row_exponents(named[1]).data_ptr(),
             "row_exponents": storage.data_ptr(),
         }
     sync = (sync_before, sync_after)
-    _run_pull_round(ws, (source_buffer_name, source), schedule_rows, sync, num_ctas, values,
-                    out_t=data_t.data_ptr(), scale_t=scale_t.data_ptr(), **exponents)  # fmt: skip
+    _run_pull_round(ws, named, schedule_rows, sync, num_ctas, values, out_t=data_t.data_ptr(),
+                    scale_t=scale_t.data_ptr(), **exponents)  # fmt: skip
     if rebased:
         values = f16_rows.RebasedRows(values, storage[:rows])
     return values, (data_t, scale_t)
@@ -79,6 +82,7 @@ def pull_round_rows(
     sync_before: bool = True,
     sync_after: bool = True,
     num_ctas: int | None = None,
+    source: torch.Tensor | None = None,
 ):
     """The MXFP8 backward's d_out pull and both of its roundings in one pass: (values,
     rounded_rows), bf16 [C, H] each, bit for bit `mxfp8.mxfp8_round(rows, used_rows=num_tokens)`
@@ -86,22 +90,24 @@ def pull_round_rows(
     `rows = cuda_comm.pull_rows(ws, source_buffer_name, schedule)` on the tiles below the
     schedule's `num_tokens` (the later ones are left unwritten). `row_weights`: fp32 [C], the
     routed rows' router weights (`pull_router_weights`), read on the device, so enqueue it on
-    this stream before. Sizes, `num_ctas` and barriers as in `pull_round`."""
-    source, schedule_rows, (rows, cols) = _tiled_pull(ws, source_buffer_name, schedule, num_ctas)
+    this stream before. Sizes, `num_ctas`, barriers and `source` as in `pull_round`."""
+    named, schedule_rows, (rows, cols) = _tiled_pull(ws, source_buffer_name, schedule, num_ctas,
+                                                     source)  # fmt: skip
     check_tensor("row_weights", row_weights, dtype=torch.float32, shape=[rows], device=ws.device)
     values = torch.empty((rows, cols), dtype=torch.bfloat16, device=ws.device)
     rounded_rows = torch.empty_like(values)
     sync = (sync_before, sync_after)
-    _run_pull_round(ws, (source_buffer_name, source), schedule_rows, sync, num_ctas, values,
+    _run_pull_round(ws, named, schedule_rows, sync, num_ctas, values,
                     out_t=0, scale_t=0, rounded_rows=rounded_rows.data_ptr(),
                     row_scale=row_weights.data_ptr())  # fmt: skip
     return values, rounded_rows
 
 
 def _run_pull_round(ws, named_source, schedule_rows, sync, num_ctas, values, **outputs):
-    """One comm_pull_round launch from `named_source` = (buffer name, buffer) into `values`
-    ([C, H]) and the other `outputs` (addresses)."""
-    source_buffer_name, source = named_source
+    """One comm_pull_round launch from `named_source` = (buffer name, rows read, their address
+    if read in place else 0: `_tiled_pull`) into `values` ([C, H]) and the other `outputs`
+    (addresses)."""
+    source_buffer_name, source, direct = named_source
     rows, cols = values.shape
     run_pull(
         ws,
@@ -115,13 +121,18 @@ def _run_pull_round(ws, named_source, schedule_rows, sync, num_ctas, values, **o
         divisor=ws.topk,
         rounded=values.data_ptr(),
         ctas=num_ctas or 0,
+        src_direct=direct,
         **outputs,
     )
 
 
-def _tiled_pull(ws: MoKWorkspace, source_buffer_name: str, schedule, num_ctas):
-    """(source, schedule rows, (C, H)) of a tiled pull, its sizes and `num_ctas` checked."""
+def _tiled_pull(ws: MoKWorkspace, source_buffer_name: str, schedule, num_ctas, direct=None):
+    """((name, source, its address if read in place else 0), schedule rows, (C, H)) of a tiled
+    pull, its sizes and `num_ctas` checked; the source is the buffer, or `direct` (checked:
+    cuda_comm.direct_source) where given."""
     source = _buffer(ws, source_buffer_name, _PULL_SOURCES)
+    address = direct_source(ws, source_buffer_name, source, direct)
+    source = source if direct is None else direct
     schedule_rows = _schedule_rows(ws, schedule)
     rows, cols = schedule_rows[0].shape[0], source.shape[1]
     if rows % _TILE or cols % _TILE:
@@ -131,4 +142,4 @@ def _tiled_pull(ws: MoKWorkspace, source_buffer_name: str, schedule, num_ctas):
         )
     if num_ctas is not None and num_ctas < 1:
         raise ValueError(f"`num_ctas` must be >= 1 or None, got {num_ctas}")
-    return source, schedule_rows, (rows, cols)
+    return (source_buffer_name, source, address), schedule_rows, (rows, cols)

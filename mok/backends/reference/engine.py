@@ -34,12 +34,24 @@ class ReferenceEngine:
     def __init__(self, buffers: dict[str, torch.Tensor], topk: int, group, status=None):
         self.buffers, self.topk, self.group, self.status = buffers, topk, group, status
         self.kept: dict[str, torch.Tensor] = {}  # rows a pass kept instead of pushing
+        self.local_only = False  # EP 1: the pulls may read the caller's tensors in place
 
     @classmethod
     def of_workspace(cls, workspace) -> ReferenceEngine:
         buffers = {name: getattr(workspace, name) for name in PASS_BUFFERS}
         status = workspace.status if workspace.ep_size > 1 else None
-        return cls(buffers, workspace.topk, group_of(workspace), status)
+        engine = cls(buffers, workspace.topk, group_of(workspace), status)
+        engine.local_only = workspace.ep_size == 1
+        return engine
+
+    def use_sources(self, tensors: dict[str, torch.Tensor]) -> None:
+        """As the CUDA engine's: at EP 1 the pulls read the caller's tensors in place; beyond
+        it they are copied into the buffers the peers read."""
+        for name, tensor in tensors.items():
+            if self.local_only:
+                self.buffers[name] = tensor
+            else:
+                self.buffers[name].copy_(tensor)
 
     # The collectives complete in call order and synchronise themselves, so `background` and
     # `sync` change nothing here.
