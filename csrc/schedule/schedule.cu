@@ -4,8 +4,10 @@
 // read back to the host, so the whole call can live in a CUDA graph.
 //
 // Stream order of one call (schedule.h has the plan and the scratch layout):
-//   memsets         peer_rank, peer_token_idx := -1 (every row not written below is padding)
-//   count_kernel    block (chunk, src): hist[src][chunk][e] = routes of the chunk to local e
+//   count_kernel    block (chunk, src): hist[src][chunk][e] = routes of the chunk to local e;
+//                   grid-stride, peer_rank, peer_token_idx (and route_rows) := -1 (every row
+//                   not written below is padding: here, not in three memsets, so the host makes
+//                   three calls fewer before the first GEMM)
 //   columns_kernel  thread (src, e): hist := exclusive scan over chunks; count[e][src] = total
 //   segment_kernel  one block: segment starts (padded to 256 rows), tokens_per_expert, num_tokens
 //   place_kernel    block (chunk, src): each route's ordinal j within its (src, e), its row
@@ -75,8 +77,22 @@ __device__ __forceinline__ void add_warp_counts(int key, int lane, int* counters
   if (key >= 0 && __ffs(peers) - 1 == lane) atomicAdd(counters + key, __popc(peers));
 }
 
+// -1 into every row and route slot before place_kernel writes the placed ones.
+__device__ void fill_padding(const Params& p) {
+  const int64_t threads = static_cast<int64_t>(gridDim.x) * gridDim.y * blockDim.x;
+  const int64_t first =
+      (static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x;
+  for (int64_t i = first; i < p.capacity; i += threads) {
+    p.peer_rank[i] = -1;
+    p.peer_token_idx[i] = -1;
+  }
+  if (p.route_rows == nullptr) return;
+  for (int64_t i = first; i < p.routes; i += threads) p.route_rows[i] = -1;
+}
+
 __global__ void count_kernel(const Params p) {
   extern __shared__ int s_hist[];  // [experts]
+  fill_padding(p);
   const int src = blockIdx.y;
   const int warp = threadIdx.x / kLanes;
   const int lane = threadIdx.x % kLanes;
@@ -289,14 +305,12 @@ cudaError_t launch_routing(const int64_t* ids, int32_t* routing, int64_t routes,
 cudaError_t launch(const Args& args, cudaStream_t stream) {
   const Plan plan = make_plan(args.routes, args.experts);
   const detail::Params p = detail::make_params(args, plan);
-  const size_t row_bytes = static_cast<size_t>(args.capacity) * sizeof(int32_t);
-  // 0xFF bytes are the int32 -1 of a padding row.
-  cudaError_t status = cudaMemsetAsync(args.peer_rank, 0xFF, row_bytes, stream);
-  if (status != cudaSuccess) return status;
-  status = cudaMemsetAsync(args.peer_token_idx, 0xFF, row_bytes, stream);
-  if (status != cudaSuccess) return status;
-  if (args.route_rows != nullptr && args.routes > 0) {  // -1: a route this schedule drops
-    status = cudaMemsetAsync(args.route_rows, 0xFF, args.routes * sizeof(int32_t), stream);
+  cudaError_t status = cudaSuccess;
+  if (plan.chunks == 0) {  // no routes, no count_kernel: every row is padding (0xFF bytes: -1)
+    const size_t row_bytes = static_cast<size_t>(args.capacity) * sizeof(int32_t);
+    status = cudaMemsetAsync(args.peer_rank, 0xFF, row_bytes, stream);
+    if (status != cudaSuccess) return status;
+    status = cudaMemsetAsync(args.peer_token_idx, 0xFF, row_bytes, stream);
     if (status != cudaSuccess) return status;
   }
 

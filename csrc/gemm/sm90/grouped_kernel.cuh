@@ -10,6 +10,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <array>
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -181,6 +183,24 @@ struct GroupedGemm {
            Device::get_workspace_size(arguments(GroupedArgs{}, placeholder, groups, 0, sm_count));
   }
 
+  // The kernel's dynamic shared memory above 48 KiB, allowed once per device (a function
+  // attribute of the device's context) instead of on every launch as the adapter's initialize()
+  // does: a host call less before each GEMM.
+  static cudaError_t allow_shared_storage(int device) {
+    constexpr int kDevices = 64;
+    static std::array<std::atomic<bool>, kDevices> allowed{};
+    const bool cached = device >= 0 && device < kDevices;
+    if (cached && allowed[device].load(std::memory_order_acquire)) return cudaSuccess;
+    constexpr int smem_bytes = Kernel::SharedStorageSize;
+    if constexpr (smem_bytes >= (48 << 10)) {
+      const cudaError_t status = cudaFuncSetAttribute(
+          cutlass::device_kernel<Kernel>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+      if (status != cudaSuccess) return status;
+    }
+    if (cached) allowed[device].store(true, std::memory_order_release);
+    return cudaSuccess;
+  }
+
   static cudaError_t launch(const GroupedArgs& args, cudaStream_t stream) {
     const int groups = groups_of(args);
     int device = 0;
@@ -195,14 +215,18 @@ struct GroupedGemm {
     Tables tables = Tables::carve(args.scratch, groups);
     status = fill_tables<kKind>(args, tables, groups, stream);
     if (status != cudaSuccess) return status;
-    Device gemm;
     auto gemm_args = arguments(args, tables, groups, device, sm_count);
     void* workspace = static_cast<char*>(args.scratch) + Tables::bytes(groups);
-    if (gemm.can_implement(gemm_args) != cutlass::Status::kSuccess) return cudaErrorInvalidValue;
-    if (gemm.initialize(gemm_args, workspace, stream) != cutlass::Status::kSuccess) {
+    if (Device::can_implement(gemm_args) != cutlass::Status::kSuccess) return cudaErrorInvalidValue;
+    status = allow_shared_storage(device);
+    if (status != cudaSuccess) return status;
+    // What the adapter's initialize() does but the attribute: the workspace, then the params.
+    if (Kernel::initialize_workspace(gemm_args, workspace, stream, nullptr) !=
+        cutlass::Status::kSuccess) {
       return cudaErrorInvalidValue;
     }
-    if (gemm.run(stream) != cutlass::Status::kSuccess) {
+    auto params = Kernel::to_underlying_arguments(gemm_args, workspace);
+    if (Device::run(params, stream) != cutlass::Status::kSuccess) {
       const cudaError_t error = cudaGetLastError();
       return error == cudaSuccess ? cudaErrorLaunchFailure : error;
     }
