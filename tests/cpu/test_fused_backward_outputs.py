@@ -38,11 +38,17 @@ def _step(group, mode: str):
     return config, ws, schedule, ctx, (x, d_out, rw), shared, bwd, want
 
 
-def _call_op(config, ws, schedule, ctx, inputs, shared, routed, mode):
+def _fill_buffers(ws, inputs) -> None:
+    """What a caller of the flat ops does: the step's x, d_y and router weights into the
+    workspace buffers (mok's functional API at EP 1 reads its inputs in place instead)."""
     x, d_out, rw = inputs
     ws.d_y_buffer.copy_(d_out)
     ws.router_weight_buffer.copy_(rw)
     ws.x_buffer.copy_(x)
+
+
+def _call_op(config, ws, schedule, ctx, inputs, shared, routed, mode):
+    _fill_buffers(ws, inputs)
     args = fused_backward.original_arguments(config, ws, schedule, ctx, shared, routed, 6.0,
                                              mode == "mxfp8")  # fmt: skip
     op = getattr(ops, f"dispatch_mlp_swiglu_combine_bwd_{mode}")
@@ -82,6 +88,7 @@ def test_outputs_sit_where_the_original_puts_them(single_rank_group, mode):
 def test_pairs_can_be_left_out(single_rank_group):
     """mok's `routed_gradient_pairs=False`: the same weight gradients, the pairs 0-size."""
     config, ws, schedule, ctx, inputs, shared, routed, want = _step(single_rank_group, "mxfp8")
+    _fill_buffers(ws, inputs)
     args = fused_backward.original_arguments(config, ws, schedule, ctx, shared, routed, 6.0, True)
     got = ops.dispatch_mlp_swiglu_combine_bwd_mxfp8(*args, routed_gradient_pairs=False)
     assert len(got) == 18 and all(got[i].numel() == 0 for i in (3, 4, 6, 7, 10, 11))
