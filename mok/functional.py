@@ -251,9 +251,9 @@ def forward(
         )
     else:
         engine = backends.engine(ws, config)
-        engine.use_sources({Buffer.X: x})
+        x_read = engine.use_sources({Buffer.X: x})[Buffer.X]
         saved, _, shared_out = passes.forward(
-            engine, x, shared, routed, schedule, swiglu_limit, mxfp8
+            engine, x_read, shared, routed, schedule, swiglu_limit, mxfp8
         )
         kept = engine.kept
     (x_routed, gate, up, hidden), (gate_s, up_s, hidden_s, y_shared) = saved, shared_out
@@ -361,14 +361,14 @@ def backward(
 
 def _backward_pass(engine, schedule, ctx, grad_output, x, router_weights, shared, routed,
                    limit, mxfp8):  # fmt: skip
-    """mok.passes.backward on the workspace's `engine`; the inputs its peers pull are copied into
-    its buffers, or read in place at EP 1 (`use_sources`). x feeds only the shared expert's
-    weight gradients, which no peer reads: it is never copied."""
-    engine.use_sources({Buffer.D_Y: grad_output, Buffer.ROUTER_WEIGHT: router_weights})
+    """mok.passes.backward on the workspace's `engine`; its inputs are copied into its buffers,
+    or read in place at EP 1 (`use_sources`)."""
+    inputs = {Buffer.D_Y: grad_output, Buffer.ROUTER_WEIGHT: router_weights, Buffer.X: x}
+    read = engine.use_sources(inputs)
     saved = (ctx.x_routed, ctx.gate_routed, ctx.up_routed, ctx.hidden_routed)
     shared_saved = None if shared is None else (ctx.gate_shared, ctx.up_shared, ctx.hidden_shared)
-    return passes.backward(engine, grad_output, shared, routed, saved, shared_saved, x,
-                           schedule, limit, mxfp8)  # fmt: skip
+    return passes.backward(engine, read[Buffer.D_Y], shared, routed, saved, shared_saved,
+                           read[Buffer.X], schedule, limit, mxfp8)  # fmt: skip
 
 
 def _check_context(ctx, schedule, ws, routed_gate_weights, shared_gate_weights, mxfp8) -> None:

@@ -7,8 +7,9 @@ and masked fp32 products; CUDA: NVLink kernels and grouped GEMMs):
 
 | engine method                                    | does                                    |
 |--------------------------------------------------|-----------------------------------------|
-| use_sources({Buffer: tensor})                    | the caller's tensors for pulled buffers |
-|                                                  | (EP 1: read in place, else copied in)   |
+| use_sources({Buffer: tensor})                    | the caller's tensors for the buffers:   |
+|                                                  | EP 1 reads them in place, else copies   |
+|                                                  | them in; -> {Buffer: tensor read}       |
 | pull(name, schedule, background, sync)           | dispatch: one row per schedule row      |
 | pull_rounded(name, schedule, gemm, background,   | () -> gemm.mx_round_both of pull's rows |
 | sync)                                            |                                         |

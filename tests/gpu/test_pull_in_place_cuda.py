@@ -33,8 +33,7 @@ def _workspace(group, data):
 
 def _copying(self, tensors):
     """CudaEngine.use_sources as it was: every tensor copied into its buffer."""
-    for name, tensor in tensors.items():
-        getattr(self.ws, name).copy_(tensor)
+    return {name: getattr(self.ws, name).copy_(tensor) for name, tensor in tensors.items()}
 
 
 def _one_rank():

@@ -44,14 +44,15 @@ class ReferenceEngine:
         engine.local_only = workspace.ep_size == 1
         return engine
 
-    def use_sources(self, tensors: dict[str, torch.Tensor]) -> None:
+    def use_sources(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """As the CUDA engine's: at EP 1 the pulls read the caller's tensors in place; beyond
-        it they are copied into the buffers the peers read."""
+        it they are copied into the buffers the peers read. Returns what the pass reads."""
         for name, tensor in tensors.items():
             if self.local_only:
                 self.buffers[name] = tensor
             else:
                 self.buffers[name].copy_(tensor)
+        return {name: self.buffers[name] for name in tensors}
 
     # The collectives complete in call order and synchronise themselves, so `background` and
     # `sync` change nothing here.
