@@ -77,7 +77,7 @@ def print_stamps(title: str, stamps: list[tuple[str, float]]) -> None:
 
 
 def main() -> int:
-    p = mok_step.profiler_parser(__doc__, top=0)
+    p = mok_step.profiler_parser(__doc__, top=None)
     p.add_argument("--calls", type=int, default=30)
     args = p.parse_args()
     d = harness.setup_distributed(cpu=False, timeout_s=120.0)

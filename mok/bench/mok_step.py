@@ -184,13 +184,15 @@ def _run_graph(d, timer, shape, sets, *, mxfp8: bool) -> dict:
 # ------------------------------------------------------------------- shared by the profilers
 
 
-def profiler_parser(doc: str, top: int) -> argparse.ArgumentParser:
-    """The options of benchmarks/profile_*.py: --out, --shapes, --mxfp8, --top."""
+def profiler_parser(doc: str, top: int | None) -> argparse.ArgumentParser:
+    """The options of benchmarks/profile_*.py and host_stamps.py: --out, --shapes, --mxfp8, and
+    --top (rows of each printed table) unless `top` is None (a script that prints no tables)."""
     p = argparse.ArgumentParser(description=doc.splitlines()[0])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--shapes", nargs="+", default=list(harness.SHAPES))
     p.add_argument("--mxfp8", action="store_true")
-    p.add_argument("--top", type=int, default=top, help="rows of each printed table")
+    if top is not None:
+        p.add_argument("--top", type=int, default=top, help="rows of each printed table")
     return p
 
 
