@@ -98,6 +98,16 @@ def weights(routed, mode):
     return fwd, [tuple(forms[0]), tuple(forms[1]), tuple(forms[2][2:])]
 
 
+def workspace(group, data, config=None):
+    """(config, a CUDA workspace sized for `data`, make()'s inputs); `config` defaults to
+    MoKConfig()."""
+    config = config or F.MoKConfig()
+    tokens, hidden = data["x"].shape
+    ws = F.create_workspace(config, group, device=torch.device("cuda"), num_local_tokens=tokens,
+                            hidden_size=hidden, topk=data["top"].shape[1])  # fmt: skip
+    return config, ws
+
+
 def step(ws, config, data, mode, limit=8.0, *, capturable=False, edit_schedule=None):
     """Schedule, forward and backward; returns ([out, *grads], schedule). The buffers are poisoned
     first and the device status checked last, unless `capturable` (for a CUDA-graph capture:

@@ -13,7 +13,7 @@ import dataclasses
 import pytest
 import torch
 import torch.distributed as dist
-from gpu_steps import CASES, GRAD_NAMES, make, step
+from gpu_steps import CASES, GRAD_NAMES, make, step, workspace
 
 from mok import backends
 from mok import functional as F
@@ -25,21 +25,13 @@ from mok.backends.reference import schedule as reference_schedule
 pytestmark = [pytest.mark.gpu, pytest.mark.multi_gpu]
 
 
-def _workspace(group, data):
-    tokens, hidden = data["x"].shape
-    config = F.MoKConfig()
-    ws = F.create_workspace(config, group, device=torch.device("cuda"), num_local_tokens=tokens,
-                            hidden_size=hidden, topk=data["top"].shape[1])  # fmt: skip
-    return config, ws
-
-
 @pytest.mark.parametrize("mode", ["bf16", "mxfp8"])
 @pytest.mark.parametrize("case", ["qwen3-235b-like", "dsv4-like", "empty-experts"])
 def test_in_place_combine_gives_the_bits_of_the_pushes(nccl_group, monkeypatch, case, mode):
     if dist.get_world_size() > 1:
         pytest.skip("route rows exist at EP 1 only (see the last test)")
     data = make(CASES[case], 1234, 0, 1)
-    config, ws = _workspace(nccl_group, data)
+    config, ws = workspace(nccl_group, data)
     pushes = []
     original = cuda_comm.push_rows
 
@@ -98,7 +90,7 @@ def test_beyond_ep_1_the_schedule_keeps_no_route_rows(nccl_group):
     if dist.get_world_size() == 1:
         pytest.skip("needs EP >= 2 (torchrun --nproc-per-node=2)")
     data = make(CASES["qwen3-235b-like"], 1234, dist.get_rank(), dist.get_world_size())
-    config, ws = _workspace(nccl_group, data)
+    config, ws = workspace(nccl_group, data)
     local = data["routed"][0].shape[0]
     schedule = F.build_schedule(ws, config, data["top"], num_local_experts=local)
     assert schedule.route_rows is None

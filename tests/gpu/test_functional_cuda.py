@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from gpu_helpers import poison_cached_memory
-from gpu_steps import CASES, GRAD_NAMES, compare, drawn_seed, make, step
+from gpu_steps import CASES, GRAD_NAMES, compare, drawn_seed, make, step, workspace
 
 from mok import functional as F
 from mok import passes
@@ -36,17 +36,8 @@ def _make(case, seed):
 
 
 def _workspace(group, data):
-    tokens, hidden = data["x"].shape
     config = F.MoKConfig(fwd_num_comm_sms=16, bwd_num_comm_sms=16, schedule_capacity_multiplier=1.0)
-    ws = F.create_workspace(
-        config,
-        group,
-        device=torch.device("cuda"),
-        num_local_tokens=tokens,
-        hidden_size=hidden,
-        topk=data["top"].shape[1],
-    )
-    return config, ws
+    return workspace(group, data, config)
 
 
 def _check_against_reference(group, monkeypatch, case, mode, shared):

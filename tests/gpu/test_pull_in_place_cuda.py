@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-from gpu_steps import CASES, GRAD_NAMES, make, step
+from gpu_steps import CASES, GRAD_NAMES, make, step, workspace
 
 from mok import functional as F
 from mok.backends.cuda import comm as cuda_comm
@@ -21,14 +21,6 @@ from mok.workspace import Buffer
 pytestmark = [pytest.mark.gpu, pytest.mark.multi_gpu]
 
 PULLED = (Buffer.X, Buffer.D_Y, Buffer.ROUTER_WEIGHT)
-
-
-def _workspace(group, data):
-    tokens, hidden = data["x"].shape
-    config = F.MoKConfig()
-    ws = F.create_workspace(config, group, device=torch.device("cuda"), num_local_tokens=tokens,
-                            hidden_size=hidden, topk=data["top"].shape[1])  # fmt: skip
-    return config, ws
 
 
 def _copying(self, tensors):
@@ -46,7 +38,7 @@ def _one_rank():
 def test_reading_in_place_gives_the_bits_of_the_copies(nccl_group, monkeypatch, case, mode):
     _one_rank()
     data = make(CASES[case], 1234, 0, 1)
-    config, ws = _workspace(nccl_group, data)
+    config, ws = workspace(nccl_group, data)
     for name in PULLED:
         getattr(ws, name).fill_(float("nan"))
     in_place, _ = step(ws, config, data, mode)
@@ -64,7 +56,7 @@ def test_reading_in_place_gives_the_bits_of_the_copies(nccl_group, monkeypatch, 
 def test_an_unaligned_input_is_copied_and_gives_the_same_bits(nccl_group):
     _one_rank()
     data = make(CASES["qwen3-235b-like"], 99, 0, 1)
-    config, ws = _workspace(nccl_group, data)
+    config, ws = workspace(nccl_group, data)
     aligned, _ = step(ws, config, data, "bf16")
     x = data["x"]
     storage = torch.empty(x.numel() + 1, dtype=x.dtype, device=x.device)
@@ -87,7 +79,7 @@ def _schedule(ws, config, data):
 def test_each_pull_reads_its_source_in_place_like_the_buffer(nccl_group):
     _one_rank()
     data = make(CASES["dsv4-like"], 7, 0, 1)
-    config, ws = _workspace(nccl_group, data)
+    config, ws = workspace(nccl_group, data)
     schedule = _schedule(ws, config, data)
     x, rw, grad = data["x"], data["rw"], data["grad"]
     ws.x_buffer.copy_(x)
@@ -123,7 +115,7 @@ def _used(result, used: int) -> list[torch.Tensor]:
 def test_a_source_that_cannot_be_read_in_place_is_refused(nccl_group):
     _one_rank()
     data = make(CASES["qwen3-235b-like"], 3, 0, 1)
-    config, ws = _workspace(nccl_group, data)
+    config, ws = workspace(nccl_group, data)
     schedule = _schedule(ws, config, data)
     x = data["x"]
     with pytest.raises(ValueError, match="`source` must be a contiguous"):
