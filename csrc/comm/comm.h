@@ -65,8 +65,8 @@ struct PullArgs {
   // Non-null (ep 1 only): the caller's own source, read instead of src_table[0], so that it
   // need not be copied into the workspace buffer first. 16-byte aligned.
   const void* src_direct = nullptr;
-  void* out = nullptr;  // local [schedule.rows, row_bytes]
-  int64_t row_bytes = 0;                // a multiple of 4
+  void* out = nullptr;   // local [schedule.rows, row_bytes]
+  int64_t row_bytes = 0;  // a multiple of 4
   int64_t src_rows = 0;
   int divisor = 1;
   int ep = 1;

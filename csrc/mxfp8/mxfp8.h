@@ -50,7 +50,7 @@ struct GatherArgs {
   // Non-null (ep 1 only): the caller's own source, read instead of src_table[0] (no copy into
   // the workspace buffer first). 16-byte aligned.
   const void* src_direct = nullptr;
-  const int32_t* peer_rank = nullptr;   // [rows]
+  const int32_t* peer_rank = nullptr;  // [rows]
   const int32_t* peer_token_idx = nullptr;
   int64_t src_rows = 0;
   int divisor = 1;

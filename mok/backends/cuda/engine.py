@@ -66,12 +66,12 @@ class CudaEngine:
         self._in_place: dict[str, torch.Tensor] = {}  # pulled-from buffer -> the caller's tensor
 
     def use_sources(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The caller's tensors for the buffers a pass pulls from (checked: the buffers' shapes
-        and dtypes, contiguous); returns, for each, what the pass reads. At EP 1, where the
-        only source is this rank's, the pulls read each one in place if it is 16-byte aligned
-        (cuda_comm.direct_source): a copy less before the first GEMM. Any other is copied into
-        its workspace buffer here, for the peers, and the pass reads the buffer (so the shared
-        expert's GEMMs see the aligned operand they always saw)."""
+        """The caller's tensors for the buffers a pass pulls from (already checked by the
+        entry: the buffers' shapes and dtypes, contiguous); returns, for each, what the pass
+        reads. At EP 1, where the only source is this rank's, the pulls read each one in place
+        if it is 16-byte aligned (cuda_comm.direct_source): a copy less before the first GEMM.
+        Any other is copied into its workspace buffer here, for the peers, and the pass reads
+        the buffer (so the shared expert's GEMMs see the aligned operand they always saw)."""
         read = {}
         for name, tensor in tensors.items():
             if self.ws.ep_size == 1 and tensor.data_ptr() % extension.ALIGNMENT == 0:

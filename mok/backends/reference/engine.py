@@ -31,18 +31,18 @@ class ReferenceEngine:
     barriers make it.
     """
 
-    def __init__(self, buffers: dict[str, torch.Tensor], topk: int, group, status=None):
+    def __init__(self, buffers: dict[str, torch.Tensor], topk: int, group, status=None, *,
+                 local_only: bool = False):  # fmt: skip
         self.buffers, self.topk, self.group, self.status = buffers, topk, group, status
         self.kept: dict[str, torch.Tensor] = {}  # rows a pass kept instead of pushing
-        self.local_only = False  # EP 1: the pulls may read the caller's tensors in place
+        self.local_only = local_only  # EP 1: the pulls may read the caller's tensors in place
 
     @classmethod
     def of_workspace(cls, workspace) -> ReferenceEngine:
         buffers = {name: getattr(workspace, name) for name in PASS_BUFFERS}
         status = workspace.status if workspace.ep_size > 1 else None
-        engine = cls(buffers, workspace.topk, group_of(workspace), status)
-        engine.local_only = workspace.ep_size == 1
-        return engine
+        return cls(buffers, workspace.topk, group_of(workspace), status,
+                   local_only=workspace.ep_size == 1)  # fmt: skip
 
     def use_sources(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """As the CUDA engine's: at EP 1 the pulls read the caller's tensors in place; beyond
