@@ -222,9 +222,11 @@ def _dequant(pair, gemm, transposed: bool = False) -> torch.Tensor:
     return gemm.dequantize(data, scales, transposed)
 
 
-def forward_bf16(x_rows, w_gate, w_up, w_down, gemm, limit):
-    """(gate, up, hidden, y), all bf16 [R, I] / [R, H]."""
-    gate, up, hidden = gemm.gate_up_swiglu(x_rows, w_gate, w_up, limit)
+def forward_bf16(x_rows, w_gate, w_up, w_down, gemm, limit, pull=None):
+    """(gate, up, hidden, y), all bf16 [R, I] / [R, H]. `pull`: the dispatch that writes
+    `x_rows`, for the gate/up GEMM to run beside itself (engine.pull_beside), or None."""
+    beside = {} if pull is None else {"pull": pull}
+    gate, up, hidden = gemm.gate_up_swiglu(x_rows, w_gate, w_up, limit, **beside)
     y = gemm.linear(hidden, w_down).to(torch.bfloat16)
     return gate, up, hidden, y
 

@@ -15,6 +15,9 @@ and masked fp32 products; CUDA: NVLink kernels and grouped GEMMs):
 | sync)                                            |                                         |
 | pull_rounded_rows(name, schedule, gemm, rw,      | () -> experts.mx_round_d_out of pull's  |
 | background, sync)                                | rows, with the router weights rw        |
+| pull_beside(name, schedule, gemm, sync)          | (rows, pull): pull's rows and the pull  |
+|                                                  | for gemm's first GEMM on them to run    |
+|                                                  | beside itself, or None (pulled already) |
 | pull_router_weights(schedule, background, sync)  | the fp32 router weight of each row      |
 | push_all(pushes, schedule, background)           | combine: rows into their sources' slots |
 | kept                                             | {Buffer: rows} a pass kept, not pushed  |
@@ -113,8 +116,8 @@ def forward(engine, x, shared, routed, schedule, limit, mxfp8: bool):
         engine.join()
         *saved, y = experts.forward_mxfp8(x_rounded(), weights, gemm, limit)
     else:
-        x_rows = engine.pull(Buffer.X, rows, sync=(True, False))
-        gate, up, hidden, y = experts.forward_bf16(x_rows, *routed, gemm, limit)
+        x_rows, pull = engine.pull_beside(Buffer.X, rows, gemm, sync=(True, False))
+        gate, up, hidden, y = experts.forward_bf16(x_rows, *routed, gemm, limit, pull)
         saved = [x_rows, gate, up, hidden]
     _send_home(engine, [(y, Buffer.COMBINE)], schedule)
     engine.hand_back_pushed()

@@ -116,14 +116,14 @@ inline void comm_all_gather(uintptr_t src, uintptr_t dst_table, int64_t bytes, i
   check_cuda(comm::launch_all_gather(a, c::stream_of(stream)), "all_gather kernel launch");
 }
 
-inline void comm_pull_rows(uintptr_t src_table, uintptr_t out, uintptr_t peer_rank,
-                           uintptr_t peer_token_idx, uintptr_t num_tokens, int64_t rows,
-                           int64_t row_bytes, int64_t src_rows, int divisor, int ep, int ctas,
-                           bool zero_rest, uintptr_t stream, uintptr_t src_direct) {
+// A pull's arguments but its destination (`out`, checked by whoever sets it).
+inline comm::PullArgs pull_args(uintptr_t src_table, uintptr_t peer_rank,
+                                uintptr_t peer_token_idx, uintptr_t num_tokens, int64_t rows,
+                                int64_t row_bytes, int64_t src_rows, int divisor, int ep, int ctas,
+                                bool zero_rest, uintptr_t src_direct) {
   namespace c = comm_checks;
   c::group_size(ep);
   c::pull_source(src_table, src_direct, ep);
-  c::address("out", out, 4);
   c::row_bytes(row_bytes);
   c::at_least("src_rows", src_rows, 0);
   c::at_least("divisor", divisor, 1);
@@ -132,14 +132,50 @@ inline void comm_pull_rows(uintptr_t src_table, uintptr_t out, uintptr_t peer_ra
   a.schedule = c::schedule(peer_rank, peer_token_idx, num_tokens, rows);
   a.src_table = reinterpret_cast<const uint64_t*>(src_table);
   a.src_direct = reinterpret_cast<const void*>(src_direct);
-  a.out = reinterpret_cast<void*>(out);
   a.row_bytes = row_bytes;
   a.src_rows = src_rows;
   a.divisor = divisor;
   a.ep = ep;
   a.ctas = ctas;
   a.zero_rest = zero_rest;
+  return a;
+}
+
+inline void comm_pull_rows(uintptr_t src_table, uintptr_t out, uintptr_t peer_rank,
+                           uintptr_t peer_token_idx, uintptr_t num_tokens, int64_t rows,
+                           int64_t row_bytes, int64_t src_rows, int divisor, int ep, int ctas,
+                           bool zero_rest, uintptr_t stream, uintptr_t src_direct) {
+  namespace c = comm_checks;
+  comm::PullArgs a = pull_args(src_table, peer_rank, peer_token_idx, num_tokens, rows, row_bytes,
+                               src_rows, divisor, ep, ctas, zero_rest, src_direct);
+  c::address("out", out, 4);
+  a.out = reinterpret_cast<void*>(out);
   check_cuda(comm::launch_pull(a, c::stream_of(stream)), "pull_rows kernel launch");
+}
+
+// A pull that a grouped GEMM launches beside itself (grouped_gemm's `pull`): into the GEMM's
+// `a`, counting each minibatch of `minibatch_rows` rows in `arrivals` (uint32, at least
+// ceil(rows / minibatch_rows) of them, which the GEMM zeroes first) on `ctas` CTAs.
+inline comm::PullArgs comm_overlapped_pull(uintptr_t src_table, uintptr_t peer_rank,
+                                           uintptr_t peer_token_idx, uintptr_t num_tokens,
+                                           int64_t rows, int64_t row_bytes, int64_t src_rows,
+                                           int divisor, int ep, int ctas, bool zero_rest,
+                                           uintptr_t src_direct, uintptr_t arrivals,
+                                           int64_t minibatch_rows, uintptr_t status,
+                                           uint64_t timeout_ns) {
+  namespace c = comm_checks;
+  comm::PullArgs a = pull_args(src_table, peer_rank, peer_token_idx, num_tokens, rows, row_bytes,
+                               src_rows, divisor, ep, ctas, zero_rest, src_direct);
+  c::address("arrivals", arrivals, 4);
+  c::address("status", status, 4);
+  c::at_least("minibatch_rows", minibatch_rows, 1);
+  a.arrivals.counts = reinterpret_cast<uint32_t*>(arrivals);
+  a.arrivals.minibatch_rows = minibatch_rows;
+  a.arrivals.minibatches = (rows + minibatch_rows - 1) / minibatch_rows;
+  a.arrivals.target = static_cast<uint32_t>(ctas);
+  a.arrivals.status = reinterpret_cast<int*>(status);
+  a.arrivals.timeout_ns = timeout_ns;
+  return a;
 }
 
 // The MXFP8 forward's dispatch: pull_rows of a bf16 [src_rows, cols] source and the rounding of
@@ -301,6 +337,17 @@ inline void bind_comm(pybind11::module_& m) {
         "rows, and on rows >= num_tokens when zero_rest (else left as they are; no barrier). "
         "src_direct (ep 1, 16-byte aligned): the local source itself, read instead of "
         "src_table[0].");
+  py::class_<comm::PullArgs>(m, "OverlappedPull",
+                             "A pull for grouped_gemm's `pull` (comm_overlapped_pull).");
+  m.def("comm_overlapped_pull", &comm_overlapped_pull, py::arg("src_table"),
+        py::arg("peer_rank"), py::arg("peer_token_idx"), py::arg("num_tokens"), py::arg("rows"),
+        py::arg("row_bytes"), py::arg("src_rows"), py::arg("divisor"), py::arg("ep"),
+        py::arg("ctas"), py::arg("zero_rest"), py::arg("src_direct"), py::arg("arrivals"),
+        py::arg("minibatch_rows"), py::arg("status"), py::arg("timeout_ns"),
+        "comm_pull_rows's pull into a grouped GEMM's `a`, which grouped_gemm(pull=...) runs "
+        "beside the GEMM on `ctas` CTAs, counting each minibatch_rows rows' arrival in "
+        "`arrivals` (uint32 [ceil(rows / minibatch_rows)]); a wait for rows that gives up after "
+        "timeout_ns sets the timeout bit in `status`.");
   m.def("comm_pull_round", &comm_pull_round, py::arg("src_table"), py::arg("peer_rank"),
         py::arg("peer_token_idx"), py::arg("num_tokens"), py::arg("rows"), py::arg("cols"),
         py::arg("src_rows"), py::arg("divisor"), py::arg("ep"), py::arg("rounded"),

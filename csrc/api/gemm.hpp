@@ -11,6 +11,7 @@
 #include <string>
 
 #include "api/checks.hpp"
+#include "comm/comm.h"
 #include "common/cuda_check.hpp"
 #include "gemm/grouped_gemm.h"
 
@@ -158,13 +159,31 @@ inline void swiglu_operands(gemm::GroupedArgs& args, uintptr_t hidden, bool has_
   args.limit = limit;
 }
 
+// The pull into `a` that runs beside the GEMM (comm_overlapped_pull): its rows are A's.
+inline comm::PullArgs overlapped_pull(gemm::GroupedArgs& args, const comm::PullArgs& pull) {
+  namespace check = gemm_checks;
+  check::require(gemm::waits_for_rows(args.kind),
+                 "`pull` runs beside M_GROUPED_BF16_NT or M_GROUPED_BF16_NN_F32 only");
+  check::require(pull.row_bytes == args.k * 2,
+                 "`pull`'s rows must be a's (k bf16 values, " + std::to_string(args.k * 2) +
+                     " bytes), got " + std::to_string(pull.row_bytes) + " bytes");
+  comm::PullArgs into_a = pull;
+  into_a.out = const_cast<void*>(args.sets[0].a);
+  args.arrivals = pull.arrivals;
+  args.launch_pull = [](const void* p, cudaStream_t stream) {
+    return comm::launch_pull(*static_cast<const comm::PullArgs*>(p), stream);
+  };
+  return into_a;
+}
+
 inline void grouped_gemm(int kind, uintptr_t a, uintptr_t b, uintptr_t d, uintptr_t a2,
                          uintptr_t b2, uintptr_t d2, uintptr_t rows, uintptr_t row_source,
                          int experts, int64_t n, int64_t k, int64_t total_rows, int sm_count,
                          uintptr_t scratch, int64_t scratch_bytes, uintptr_t stream,
                          uintptr_t b_scale, uintptr_t b2_scale, uintptr_t hidden,
                          bool has_limit, float limit, uintptr_t a_exponent,
-                         uintptr_t b_exponent, uintptr_t b2_exponent) {
+                         uintptr_t b_exponent, uintptr_t b2_exponent,
+                         const comm::PullArgs* pull) {
   namespace check = gemm_checks;
   require_grouped_gemm();
   gemm::GroupedArgs args;
@@ -212,6 +231,11 @@ inline void grouped_gemm(int kind, uintptr_t a, uintptr_t b, uintptr_t d, uintpt
   args.scratch = reinterpret_cast<void*>(scratch);
   check::require(scratch_bytes > 0, "`scratch_bytes` must be positive");
   args.scratch_bytes = static_cast<size_t>(scratch_bytes);
+  comm::PullArgs into_a;
+  if (pull != nullptr) {
+    into_a = overlapped_pull(args, *pull);
+    args.pull = &into_a;
+  }
   check_cuda(gemm::launch_grouped(args, reinterpret_cast<cudaStream_t>(stream)),
              "grouped GEMM launch (is `scratch_bytes` at least grouped_gemm_scratch_bytes?)");
 }
@@ -230,6 +254,7 @@ inline void bind_gemm(pybind11::module_& m) {
         py::arg("stream"), py::arg("b_scale") = 0, py::arg("b2_scale") = 0,
         py::arg("hidden") = 0, py::arg("has_limit") = false, py::arg("limit") = 0.0f,
         py::arg("a_exponent") = 0, py::arg("b_exponent") = 0, py::arg("b2_exponent") = 0,
+        py::arg("pull") = nullptr,
         R"doc(Grouped GEMM over the schedule's expert segments on `stream` (asynchronous).
 
 `rows` int32 [experts]: padded rows per expert (device). Segment e starts at sum(rows[:e]).
@@ -261,7 +286,9 @@ transposed, blocks of 32 rows) and `b_scale` its scale tiles; n, k and total_row
 128, every segment starting at a multiple of 128 rows (else that expert's d is NaN)
 The M-grouped kinds also zero their outputs' rows from sum(rows) to total_rows (0 = leave them).
 A second operand set (a2, b2, d2; all 0 if unused) runs in the same launch. n and k must be
-multiples of 8 and every address 16-byte aligned.)doc");
+multiples of 8 and every address 16-byte aligned. `pull` (kinds 0 and 1: an OverlappedPull from
+comm_overlapped_pull) pulls a's rows beside the GEMM, which loads each tile once its rows have
+arrived.)doc");
 }
 
 }  // namespace mok::api

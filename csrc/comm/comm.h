@@ -21,6 +21,8 @@
 
 #include <cstdint>
 
+#include "common/arrivals.hpp"
+
 namespace mok::comm {
 
 constexpr int kMaxRanks = 72;     // the largest EP group (one NVL72 domain)
@@ -72,6 +74,10 @@ struct PullArgs {
   int ep = 1;
   int ctas = 1;
   bool zero_rest = true;  // false: rows at or past num_tokens are left as they are
+  // Set: the pull runs beside the GEMM that reads its rows (launched right after it with
+  // programmatic dependent launch), minibatch by minibatch, counting each minibatch's arrival
+  // (common/arrivals.cuh); `ctas` CTAs, which must all be resident at once.
+  Arrivals arrivals;
 };
 
 // Rank peer_rank[i]'s destination row peer_token_idx[i] = rows[i]; padding rows are skipped.

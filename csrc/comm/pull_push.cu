@@ -2,6 +2,7 @@
 // row copies through peer pointers by thread teams (common/row_copy.cuh). comm.h says how the
 // barriers bracket them.
 #include "comm/comm.h"
+#include "common/arrivals.cuh"
 #include "common/flags.cuh"
 #include "common/row_copy.cuh"
 
@@ -83,6 +84,28 @@ __global__ void __launch_bounds__(kCopyThreads) pull_kernel(PullArgs a, int lane
   }
 }
 
+// The pull beside its GEMM: every CTA on one minibatch of rows (whole rows, in schedule order)
+// before the next, so the GEMM's first tiles wait for one minibatch, not for the whole pull;
+// each CTA counts its share of a minibatch as arrived once stored. The first instruction lets
+// the GEMM launch (programmatic dependent launch): every CTA of this grid is resident by then,
+// so a GEMM CTA that waits for rows never holds an SM a pull CTA needs.
+template <typename V>
+__global__ void __launch_bounds__(kCopyThreads) pull_arrivals_kernel(PullArgs a, int lane_shift) {
+  asm volatile("griddepcontrol.launch_dependents;");
+  const Team team = grid_team(lane_shift);
+  const int64_t vecs = a.row_bytes / static_cast<int64_t>(sizeof(V));
+  const int64_t live = live_rows(a.schedule);
+  const int64_t end = a.zero_rest ? a.schedule.rows : live;
+  const int64_t step = a.arrivals.minibatch_rows;
+  for (int64_t m = 0; m < a.arrivals.minibatches; ++m) {
+    const int64_t last = (m + 1) * step < end ? (m + 1) * step : end;
+    for (int64_t row = m * step + team.index; row < last; row += team.count) {
+      pull_slice<V>(a, row, 0, vecs, raw_entry(a.schedule, row, live), team);
+    }
+    arrive(a.arrivals, m);
+  }
+}
+
 template <typename V>
 __global__ void __launch_bounds__(kCopyThreads) push_kernel(PushArgs a, int lane_shift) {
   const Team team = grid_team(lane_shift);
@@ -130,7 +153,11 @@ inline int lane_shift_for(int64_t vecs) {
 
 template <typename V>
 void launch_typed(const PullArgs& a, dim3 grid, int shift, cudaStream_t stream) {
-  pull_kernel<V><<<grid, kCopyThreads, 0, stream>>>(a, shift);
+  if (a.arrivals.counts != nullptr) {
+    pull_arrivals_kernel<V><<<grid, kCopyThreads, 0, stream>>>(a, shift);
+  } else {
+    pull_kernel<V><<<grid, kCopyThreads, 0, stream>>>(a, shift);
+  }
 }
 
 template <typename V>

@@ -13,6 +13,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/arrivals.hpp"
+
 namespace mok::gemm {
 
 // What each group computes (R = the segment's rows, e = the local expert, rows from row0), named
@@ -112,6 +114,13 @@ struct GroupedArgs {
   int sm_count = 0;  // persistent CTAs; 0 = every SM of the device
   void* scratch = nullptr;  // device bytes for the group tables and CUTLASS's workspace
   size_t scratch_bytes = 0;
+  // M_GROUPED_BF16_NT and M_GROUPED_BF16_NN_F32 only: A's rows arrive while the GEMM runs. The
+  // launch zeroes the counters after the tables, calls `launch_pull(pull, stream)` (the pull
+  // that counts them) and launches the GEMM as its programmatic dependent; the producer waits
+  // for a tile's rows before loading them (common/arrivals.cuh).
+  comm::Arrivals arrivals;
+  cudaError_t (*launch_pull)(const void* pull, cudaStream_t stream) = nullptr;
+  const void* pull = nullptr;
 };
 
 // False in modules built for other architectures (the callers fall back to torch).
@@ -120,6 +129,11 @@ bool available();
 // Scratch bytes a launch of `kind` over `groups` groups needs with `sm_count` persistent CTAs
 // (host only, no CUDA call).
 size_t scratch_bytes(Kind kind, int groups, int sm_count);
+
+// Whether `kind` can wait for its A rows to arrive (GroupedArgs::arrivals).
+__host__ __device__ constexpr bool waits_for_rows(Kind kind) {
+  return kind == Kind::M_GROUPED_BF16_NT || kind == Kind::M_GROUPED_BF16_NN_F32;
+}
 
 // Enqueues the group-table kernel and the GEMM on `stream`; never synchronises.
 cudaError_t launch_grouped(const GroupedArgs& args, cudaStream_t stream);

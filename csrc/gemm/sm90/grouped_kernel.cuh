@@ -24,6 +24,7 @@
 #include "cutlass/gemm/group_array_problem_shape.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "gemm/grouped_gemm.h"
+#include "gemm/sm90/arrival_mainloop.cuh"
 #include "gemm/sm90/gate_up_mainloop.cuh"
 #include "gemm/sm90/mx_weight_mainloop.cuh"
 #include "gemm/sm90/paired_mainloop.cuh"
@@ -43,6 +44,7 @@ struct GroupedGemm {
   static constexpr bool kMxWeightF16 = kKind == Kind::M_GROUPED_MXFP8_NT_F16_ROWS;
   static constexpr bool kMxWeight = reads_mx_weight(kKind);
   static constexpr bool kSwiglu = kKind == Kind::M_GROUPED_BF16_NT_SWIGLU;
+  static constexpr bool kWaits = waits_for_rows(kKind);
   using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
   using Element = std::conditional_t<kMxWeightF16, cutlass::half_t, cutlass::bfloat16_t>;
   using ElementC = void;
@@ -83,9 +85,11 @@ struct GroupedGemm {
       kMxWeight,
       MxWeightMainloop<std::conditional_t<kPaired, PairedMainloop, BuiltMainloop>, kMxWeightF16,
                        kPaired, kKind == Kind::K_GROUPED_MXFP8_TN>,
-      std::conditional_t<kPaired, PairedMainloop,
-                         std::conditional_t<kSwiglu, GateUpMainloop<BuiltMainloop>,
-                                            BuiltMainloop>>>;
+      std::conditional_t<
+          kPaired, PairedMainloop,
+          std::conditional_t<kSwiglu, GateUpMainloop<BuiltMainloop>,
+                             std::conditional_t<kWaits, WaitsForArrivals<BuiltMainloop>,
+                                                BuiltMainloop>>>>;
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
   static_assert(sizeof(typename Kernel::SharedStorage) <= 227 * 1024,
@@ -165,6 +169,8 @@ struct GroupedGemm {
               static_cast<int>(args.n),
               static_cast<int>(args.k),
               args.experts};
+    } else if constexpr (kWaits) {
+      return {operand_arguments<BuiltMainloop>(tables), args.arrivals, tables.row0};
     } else {
       return operand_arguments<BuiltMainloop>(tables);
     }
@@ -201,6 +207,18 @@ struct GroupedGemm {
     return cudaSuccess;
   }
 
+  // Zeroes the arrival counters and enqueues the pull that counts them, after the tables.
+  static cudaError_t start_pull(const GroupedArgs& args, cudaStream_t stream) {
+    if (!kWaits || args.launch_pull == nullptr || args.pull == nullptr) {
+      return cudaErrorInvalidValue;
+    }
+    const cudaError_t status = cudaMemsetAsync(
+        args.arrivals.counts, 0, static_cast<size_t>(args.arrivals.minibatches) * sizeof(uint32_t),
+        stream);
+    if (status != cudaSuccess) return status;
+    return args.launch_pull(args.pull, stream);
+  }
+
   static cudaError_t launch(const GroupedArgs& args, cudaStream_t stream) {
     const int groups = groups_of(args);
     int device = 0;
@@ -226,7 +244,15 @@ struct GroupedGemm {
       return cudaErrorInvalidValue;
     }
     auto params = Kernel::to_underlying_arguments(gemm_args, workspace);
-    if (Device::run(params, stream) != cutlass::Status::kSuccess) {
+    const bool overlapped = args.arrivals.counts != nullptr;
+    if (overlapped) {
+      status = start_pull(args, stream);
+      if (status != cudaSuccess) return status;
+    }
+    // Overlapped, the GEMM is the pull's programmatic dependent: it launches once every pull
+    // CTA has started and never waits for the pull's end (GDC is not compiled in, so CUTLASS's
+    // griddepcontrol.wait is a no-op); its producer waits for rows by the counters instead.
+    if (Device::run(params, stream, nullptr, overlapped) != cutlass::Status::kSuccess) {
       const cudaError_t error = cudaGetLastError();
       return error == cudaSuccess ? cudaErrorLaunchFailure : error;
     }

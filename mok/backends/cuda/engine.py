@@ -41,6 +41,9 @@ def _comm_stream(ws: MoKWorkspace) -> torch.cuda.Stream:
     return _COMM_STREAMS[index]
 
 
+# Whether the dispatch pull runs beside its GEMM (pull_beside).
+OVERLAP_DISPATCH = False
+
 # The symmetric buffers the peers push into (a pass's outputs); the others they pull from.
 PUSHED_INTO = (Buffer.COMBINE, Buffer.D_X_ROUTED, Buffer.D_ROUTER_WEIGHT)
 
@@ -150,6 +153,28 @@ class CudaEngine:
                 self.ws, name, schedule, out, source=self._in_place.get(name),
                 **self._pull_options(sync, ctas),
             )  # fmt: skip
+
+    def pull_beside(self, name: str, schedule, gemm, *, sync=(True, True)):
+        """(rows, pull): `pull`'s rows, and the pull itself for the GEMM engine to run beside its
+        first GEMM on them (`gemm.runs_pulls`), on the config's comm SMs with arrivals counted
+        every `minibatch_size` rows (docs/overlap.md); or, where that cannot be (a barrier after
+        the pull, no comm SMs), rows already pulled and None."""
+        comm_sms = self._comm_sms(name)
+        if not (OVERLAP_DISPATCH and getattr(gemm, "runs_pulls", False)) or sync[1] or not comm_sms:
+            return self.pull(name, schedule, sync=sync), None
+        source = getattr(self.ws, name)
+        out = source.new_empty((schedule[0].shape[0], *source.shape[1:]))
+        pull = cuda_comm.overlapped_pull(
+            self.ws, name, schedule, out, ctas=comm_sms, sync_before=sync[0],
+            minibatch_rows=self.config.minibatch_size, source=self._in_place.get(name),
+        )  # fmt: skip
+        return out, pull
+
+    def _comm_sms(self, name: str) -> int:
+        """The SMs a pass's communication gets beside its GEMMs: the forward's (it pulls x) or
+        the backward's."""
+        forward = name == Buffer.X
+        return self.config.fwd_num_comm_sms if forward else self.config.bwd_num_comm_sms
 
     def pull_rounded(self, name: str, schedule, gemm, background=False, *, sync=(True, True)):
         """A callable giving `gemm.mx_round_both` of `self.pull(name, schedule)`'s rows; call

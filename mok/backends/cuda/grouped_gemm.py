@@ -105,12 +105,15 @@ def _launch(
     hidden=None,
     limit=None,
     exponents=None,
+    pull=None,
 ) -> None:
     """sets: one or two (a, b, d) tuples of contiguous 16-byte aligned tensors (the *_PAIR variants:
     the second set's d None); row_source: None or int32 [R] (R = the first operand's rows) on the
     device; b_scales: the M_GROUPED_MXFP8_* variants' scale tiles of each set's b; hidden and
     limit: M_GROUPED_BF16_NT_SWIGLU's third output and SwiGLU clamp; exponents:
-    M_GROUPED_MXFP8_NT_F16_ROWS's (a's row exponents, [each b's row exponents])."""
+    M_GROUPED_MXFP8_NT_F16_ROWS's (a's row exponents, [each b's row exponents]); pull: the
+    comm.overlapped_pull writing `a` (M_GROUPED_BF16_NT, M_GROUPED_BF16_NN_F32), run beside the
+    GEMM, whose persistent CTAs then leave the pull's SMs to it."""
     device = rows.device
     if row_source is not None:
         check_tensor("row_source", row_source, dtype=torch.int32, shape=[sets[0][0].shape[0]],
@@ -138,7 +141,7 @@ def _launch(
         n=n,
         k=k,
         total_rows=total_rows,
-        sm_count=_sm_count(device),
+        sm_count=_sm_count(device) - (pull.ctas if pull is not None else 0),
         scratch=scratch.data_ptr(),
         scratch_bytes=nbytes,
         b_scale=_address(b_scales[0] if b_scales else None),
@@ -146,6 +149,7 @@ def _launch(
         hidden=_address(hidden),
         has_limit=limit is not None,
         limit=0.0 if limit is None else float(limit),
+        pull=None if pull is None else pull.native,
         **_exponent_arguments(exponents),
     )
 
@@ -191,11 +195,13 @@ def linear(
     rows: torch.Tensor,
     row_source=None,
     zero_rest: bool = True,
+    pull=None,
 ) -> list[torch.Tensor]:
     """bf16 a [R, K] @ w[e]^T per segment for each w [E, N, K] (one launch) -> bf16 [R, N] each.
 
     Rows past the last segment are zero (unspecified when not `zero_rest`: for buffers only the
-    segments of are read), and so are the padding rows `row_source` marks.
+    segments of are read), and so are the padding rows `row_source` marks. `pull`: the
+    mok.backends.cuda.comm.overlapped_pull that writes `a`, run beside the GEMM.
     """
     _check_sets("weights", weights)
     experts = _experts(rows, a)
@@ -203,11 +209,13 @@ def linear(
     for i, w in enumerate(weights):
         _shaped(f"weights[{i}]", w, [experts, n, a.shape[1]], "E N K", a.device)
     return _linear(
-        Kind.M_GROUPED_BF16_NT, a, [_bf16(w) for w in weights], rows, row_source, zero_rest
-    )
+        Kind.M_GROUPED_BF16_NT, a, [_bf16(w) for w in weights], rows, row_source, zero_rest,
+        pull=pull,
+    )  # fmt: skip
 
 
-def _linear(kind: Kind, a, weights, rows, row_source, zero_rest, scales=(), exponents=None):
+def _linear(kind: Kind, a, weights, rows, row_source, zero_rest, scales=(), exponents=None,
+            pull=None):  # fmt: skip
     """One launch of M_GROUPED_BF16_NT or M_GROUPED_MXFP8_NT* on checked operands -> [R, N] per
     weight (fp32 for M_GROUPED_MXFP8_NT_F32, bf16 otherwise)."""
     a = a if kind == Kind.M_GROUPED_MXFP8_NT_F16_ROWS else _bf16(a)
@@ -216,7 +224,7 @@ def _linear(kind: Kind, a, weights, rows, row_source, zero_rest, scales=(), expo
     sets = [(a, w, out) for w, out in zip(weights, outs, strict=True)]
     total_rows = a.shape[0] if zero_rest else 0
     _launch(kind, sets, rows, weights[0].shape[1], a.shape[1], total_rows, row_source, scales,
-            exponents=exponents)  # fmt: skip
+            exponents=exponents, pull=pull)  # fmt: skip
     return outs
 
 
@@ -289,16 +297,17 @@ def linear_transposed(
     rows: torch.Tensor,
     zero_rest: bool = True,
     row_source=None,
+    pull=None,
 ) -> torch.Tensor:
     """a [R, K] @ w[e] per segment for w [E, K, N] -> fp32 [R, N]; rows past the segments are
     zero, or unspecified when not `zero_rest` (for buffers only the segments of are read); the
-    padding rows `row_source` marks are zero."""
+    padding rows `row_source` marks are zero. `pull` as in `linear`."""
     _shaped("weight_t", weight_t, [_experts(rows, a), a.shape[1], None], "E K N", a.device)
     a, weight_t = _bf16(a), _bf16(weight_t)
     out = a.new_empty((a.shape[0], weight_t.shape[2]), dtype=torch.float32)
     total_rows = a.shape[0] if zero_rest else 0
     _launch(Kind.M_GROUPED_BF16_NN_F32, [(a, weight_t, out)], rows, out.shape[1], a.shape[1],
-            total_rows, row_source)  # fmt: skip
+            total_rows, row_source, pull=pull)  # fmt: skip
     return out
 
 

@@ -91,6 +91,9 @@ class HopperGemms(CudaMxfp8, CudaElementwise, ExpertEngine):
         # bf16 rows (M_GROUPED_MXFP8_NT). Off by default: its weights' preparation launches cost
         # the host-bound shapes more than the GEMM gains (docs/grouped-gemm.md).
         self.reads_rebased_rows = config.mxfp8_f16_rows
+        # The BF16 gate/up GEMM waits for its rows' arrival, so the dispatch pull can run beside
+        # it (CudaEngine.pull_beside); the SwiGLU epilogue's kind does not wait.
+        self.runs_pulls = not self.swiglu_epilogue
 
     mx_weights_as_stored = True
 
@@ -129,13 +132,18 @@ class HopperGemms(CudaMxfp8, CudaElementwise, ExpertEngine):
             return grouped_gemm.linear_mx(a, weights, self.rows, self.row_source, zero_rest=False)
         return grouped_gemm.linear(a, weights, self.rows, self.row_source, zero_rest=False)
 
-    def gate_up_swiglu(self, a: torch.Tensor, w_gate, w_up, limit: float | None):
-        """With MOK_SWIGLU_EPILOGUE=1 (and whole 128-column tiles), one GEMM launch with SwiGLU
-        in its epilogue: the same bits as the GEMMs + `swiglu`. Off by default (experimental):
-        slower than the two steps on every GPU measured, the epilogue's arithmetic running while
-        the tensor cores idle (docs/grouped-gemm.md)."""
+    def gate_up_swiglu(self, a: torch.Tensor, w_gate, w_up, limit: float | None, pull=None):
+        """The gate and up GEMMs in one launch (beside `pull`, the overlapped dispatch writing
+        `a`, when given), then `swiglu`. With MOK_SWIGLU_EPILOGUE=1 (and whole 128-column
+        tiles), one GEMM launch with SwiGLU in its epilogue: the same bits as the GEMMs +
+        `swiglu`. Off by default (experimental): slower than the two steps on every GPU
+        measured, the epilogue's arithmetic running while the tensor cores idle
+        (docs/grouped-gemm.md)."""
         if not self.swiglu_epilogue or w_gate.shape[1] % swiglu_epilogue.SWIGLU_TILE_COLUMNS:
-            return super().gate_up_swiglu(a, w_gate, w_up, limit)
+            gate, up = grouped_gemm.linear(
+                a, [w_gate, w_up], self.rows, self.row_source, zero_rest=False, pull=pull
+            )
+            return gate, up, self.swiglu(gate, up, limit)
         return swiglu_epilogue.linear_swiglu(
             a, w_gate, w_up, self.rows, limit, self.row_source, zero_rest=False
         )

@@ -60,6 +60,10 @@ class ReferenceEngine:
         source = self.buffers[name]
         return exchange.pull_rows(source, schedule[0], schedule[1], self.topk, self.group, name)
 
+    def pull_beside(self, name: str, schedule, gemm, *, sync=(True, True)):
+        """The rows pulled now, and no pull for the GEMMs to run beside them."""
+        return self.pull(name, schedule, sync=sync), None
+
     def pull_rounded(self, name: str, schedule, gemm, background=False, *, sync=(True, True)):
         rounded = gemm.mx_round_both(self.pull(name, schedule))
         return lambda: rounded

@@ -1,0 +1,61 @@
+// Arrival counters: a dispatch pull overlapped with the grouped GEMM that reads its rows
+// (docs/overlap.md). The pull's CTAs copy the schedule's rows minibatch by minibatch, all of them
+// on one minibatch before the next, and each adds one to the minibatch's counter once its share
+// is stored; the GEMM's producer warp waits until every minibatch of a tile's rows has all of the
+// pull's CTAs counted before it loads the tile. Counters are zeroed in the stream before the
+// pull, so no epoch is needed, and a wait is bounded like a barrier's (common/flags.cuh).
+//
+// Memory ordering: the pull's rows are ordinary (generic-proxy) stores; a CTA's threads meet at
+// a barrier, then one thread fences at GPU scope and adds (cumulativity carries the CTA's stores
+// with it). The waiting thread loads the counter with acquire semantics, then fences the async
+// proxy, because the GEMM reads the rows by TMA, which goes through the async proxy.
+#pragma once
+
+#include <cstdint>
+
+#include "common/arrivals.hpp"
+#include "common/flags.cuh"
+
+namespace mok::comm {
+
+// Called by every thread of a CTA once its rows of minibatch `m` are stored.
+__device__ __forceinline__ void arrive(const Arrivals& a, int64_t m) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(a.counts + m, 1u);
+  }
+}
+
+__device__ __forceinline__ uint32_t load_count_acquire(const uint32_t* count) {
+  uint32_t value;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(value) : "l"(count) : "memory");
+  return value;
+}
+
+// One thread: waits until every minibatch holding a row of [first, last) has arrived, then
+// makes the rows visible to its TMA loads. False (and kStatusTimeout in the status word) if a
+// wait gave up: the rows read then are wrong, and check_status says so.
+__device__ __forceinline__ bool wait_rows(const Arrivals& a, int64_t first, int64_t last) {
+  bool arrived = true;
+  const int64_t end = last < a.minibatches * a.minibatch_rows ? last
+                                                              : a.minibatches * a.minibatch_rows;
+  for (int64_t m = first / a.minibatch_rows; arrived && m * a.minibatch_rows < end; ++m) {
+    if (load_count_acquire(a.counts + m) >= a.target) continue;
+    const uint64_t start = global_timer_ns();
+    unsigned sleep_ns = 8;
+    while (load_count_acquire(a.counts + m) < a.target) {
+      if (global_timer_ns() - start > a.timeout_ns) {
+        atomicOr(a.status, kStatusTimeout);
+        arrived = false;
+        break;
+      }
+      __nanosleep(sleep_ns);
+      sleep_ns = sleep_ns < kMaxPollSleepNs ? 2 * sleep_ns : kMaxPollSleepNs;
+    }
+  }
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+  return arrived;
+}
+
+}  // namespace mok::comm

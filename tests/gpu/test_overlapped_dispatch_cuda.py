@@ -1,0 +1,87 @@
+"""The forward's dispatch pull beside its gate/up GEMM (CudaEngine.pull_beside; the pull counts
+each minibatch's arrival and the GEMM's producer waits for a tile's rows, common/arrivals.cuh):
+the same bits as the pull run alone first, at every comm-SM count and minibatch size, at EP 1
+and in a one-device group. The pulled rows are poisoned with NaN before the pull, so a GEMM tile
+that did not wait for its rows reads NaN.
+
+Run: torchrun --nproc-per-node=1 -m pytest tests/gpu/test_overlapped_dispatch_cuda.py
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from gpu_steps import CASES, GRAD_NAMES, make, step, workspace
+
+from mok import functional as F
+from mok.backends.cuda import comm as cuda_comm
+from mok.backends.cuda import engine as cuda_engine
+from mok.testing import OneDeviceGroup
+
+pytestmark = [pytest.mark.gpu]
+
+KNOBS = [(2, 256), (8, 4096), (16, 512), (40, 256)]  # (fwd_num_comm_sms, minibatch_size)
+
+
+def _overlap_poisoned(monkeypatch) -> list:
+    """Turns the overlapped dispatch on, with every pulled buffer NaN before its pull; counts
+    the overlapped pulls."""
+    launched = []
+    original = cuda_comm.overlapped_pull
+
+    def poisoned(ws, name, schedule, out, **options):
+        out.fill_(float("nan"))
+        launched.append(name)
+        return original(ws, name, schedule, out, **options)
+
+    monkeypatch.setattr(cuda_comm, "overlapped_pull", poisoned)
+    monkeypatch.setattr(cuda_engine, "OVERLAP_DISPATCH", True)
+    return launched
+
+
+def _assert_same(got, want, where=""):
+    for name, a, b in zip(("out", *GRAD_NAMES), got, want, strict=True):
+        assert (a is None) == (b is None), name
+        if a is not None:
+            assert torch.equal(a, b), f"{where}{name}: the overlapped dispatch changed the bits"
+
+
+def _config(comm_sms, minibatch):
+    return F.MoKConfig(fwd_num_comm_sms=comm_sms, minibatch_size=minibatch,
+                       macrobatch_size=max(minibatch, 131072))  # fmt: skip
+
+
+@pytest.mark.parametrize("case", ["qwen3-235b-like", "dsv4-like", "empty-experts",
+                                  "all-to-one-expert"])  # fmt: skip
+def test_overlapped_dispatch_gives_the_bits_of_the_pull_alone(nccl_group, monkeypatch, case):
+    if dist.get_world_size() > 1:
+        pytest.skip("one rank here; the one-device group test covers EP 2 and 4")
+    data = make(CASES[case], 4321, 0, 1)
+    config, ws = workspace(nccl_group, data)
+    alone, _ = step(ws, config, data, "bf16")
+    launched = _overlap_poisoned(monkeypatch)
+    for comm_sms, minibatch in KNOBS:
+        config = _config(comm_sms, minibatch)
+        got, _ = step(ws, config, data, "bf16")
+        _assert_same(got, alone, f"{comm_sms} comm SMs, minibatch {minibatch}: ")
+    assert launched == ["x_buffer"] * len(KNOBS), "every forward overlapped its dispatch"
+
+
+@pytest.mark.parametrize("ep", [2, 4])
+def test_overlapped_dispatch_in_a_one_device_group(nccl_group, monkeypatch, ep):
+    data = {rank: make(CASES["qwen3-235b-like"], 77, rank, ep) for rank in range(ep)}
+    tokens, hidden = data[0]["x"].shape
+    topk = data[0]["top"].shape[1]
+
+    def run(config):
+        group = OneDeviceGroup(ep, config, device="cuda", num_local_tokens=tokens,
+                               hidden_size=hidden, topk=topk)  # fmt: skip
+        return group.run(lambda rank, ws: step(ws, config, data[rank], "bf16")[0])
+
+    alone = run(_config(16, 512))
+    launched = _overlap_poisoned(monkeypatch)
+    got = run(_config(8, 256))
+    assert len(launched) == ep
+    for rank in range(ep):
+        _assert_same(got[rank], alone[rank], f"rank {rank}: ")
