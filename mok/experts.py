@@ -255,16 +255,20 @@ def forward_mxfp8(x_rounded, weights, gemm, limit):
     return x_t, gate_q, up_q, hidden_t, y
 
 
-def backward_bf16(d_out_rows, rw_rows, x_rows, gate, up, hidden, weights, gemm, limit):
+def backward_bf16(d_out_rows, rw_rows, x_rows, gate, up, hidden, weights, gemm, limit,
+                  pull=None):  # fmt: skip
     """Backward of one expert group. weights = (W_gate, W_up, W_down) bf16; rw_rows None means
     every row's weight is 1 (the shared expert: its d_out feeds the down wgrad unscaled).
+    `pull`: the reverse dispatch that writes `d_out_rows`, for the d_h GEMM to run beside
+    itself (engine.pull_beside), or None.
 
     Returns ((d_x, d_router_weight, d_gate, d_up, d_hidden), weight_grads): the data gradients
     now, and a `WeightGrads`, which runs the weight-gradient GEMMs when called and returns
     (d_W_gate, d_W_up, d_W_down) bf16, so a caller can send the data gradients on their way first.
     """
     w_gate, w_up, w_down = weights
-    d_h = gemm.linear(d_out_rows, w_down.transpose(1, 2))
+    beside = {} if pull is None else {"pull": pull}
+    d_h = gemm.linear(d_out_rows, w_down.transpose(1, 2), **beside)
     dgrad_weights = (w_gate.transpose(1, 2), w_up.transpose(1, 2))
     return _backward_tail(
         d_h, d_out_rows, rw_rows, x_rows, gate, up, hidden, dgrad_weights, gemm, limit, False

@@ -145,11 +145,14 @@ def backward(engine, d_y, shared, routed, saved, shared_saved, x, schedule, limi
     background = overlap or mxfp8
     rw_rows = engine.pull_router_weights(rows, background=background, sync=(True, False))
     sync = (False, False)
+    d_out_pull = None
     if mxfp8:  # d_out's rows are read only rounded, in two forms (experts.mx_round_d_out)
         d_out = engine.pull_rounded_rows(Buffer.D_Y, rows, gemm, rw_rows, background,
                                          sync=sync)  # fmt: skip
-    else:
-        d_out_rows = engine.pull(Buffer.D_Y, rows, background=background, sync=sync)
+    elif background:
+        d_out_rows = engine.pull(Buffer.D_Y, rows, background=True, sync=sync)
+    else:  # the d_h GEMM may run the pull beside itself
+        d_out_rows, d_out_pull = engine.pull_beside(Buffer.D_Y, rows, gemm, sync=sync)
     inputs = experts.mxfp8_backward_inputs(saved, routed, gemm) if mxfp8 else None
     if not overlap:  # the shared expert (if any) gets every SM; a no-op when nothing forked
         engine.join()
@@ -162,7 +165,8 @@ def backward(engine, d_y, shared, routed, saved, shared_saved, x, schedule, limi
         d_out_rows = d_out_rounded[0]  # the rows the d_h GEMM reads: q_H(d_out)
         routed_out = experts.backward_mxfp8(d_out_rounded, rw_rows, inputs, gemm, limit)
     else:
-        routed_out = experts.backward_bf16(d_out_rows, rw_rows, *saved, routed, gemm, limit)
+        routed_out = experts.backward_bf16(d_out_rows, rw_rows, *saved, routed, gemm, limit,
+                                           d_out_pull)  # fmt: skip
     (d_x_r, d_rw, d_gate_r, d_up_r, d_hidden_r), routed_weight_grads = routed_out
     pushes = [(d_x_r, Buffer.D_X_ROUTED), (d_rw, Buffer.D_ROUTER_WEIGHT)]
     _send_home(engine, pushes, schedule, background=overlap)

@@ -39,6 +39,9 @@ class RecordingEngine:
         self.barriers += sum(sync)
         return torch.randn(ROWS, HIDDEN, generator=self.gen).to(torch.bfloat16)
 
+    def pull_beside(self, name, schedule, gemm, *, sync=(True, True)):
+        return self.pull(name, schedule, sync=sync), None
+
     def pull_rounded(self, name, schedule, gemm, background=False, *, sync=(True, True)):
         # Rounded as part of the exchange (as the CUDA engine's kernel does), not logged as a
         # routed step.

@@ -2,7 +2,10 @@
 // the tile's rows of A have arrived: the dispatch pull that writes them runs beside the GEMM
 // (common/arrivals.cuh, docs/overlap.md). Without arrival counters it is Base. A tile's rows are
 // [row0[group] + m * kTileM, + kTileM) of the routed buffer; the group comes with the load inputs
-// (CarriesGroup).
+// (CarriesGroup). Before the producer warp exits it waits for every minibatch, so the GEMM ends
+// only after the whole pull has arrived: later kernels in the stream, which wait for the GEMM
+// (not for the pull, its programmatic primary), then see every pulled row, the padding rows
+// no tile reads included.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +42,24 @@ struct WaitsForArrivals : CarriesGroup<Base> {
             args.row0};
   }
 
+  // The producer warp's first call: keeps the counters for load_tail, which has no params.
+  template <class TensorMapStorage>
+  CUTLASS_DEVICE auto tensormaps_init(Params const& params, TensorMapStorage& shared_tensormaps,
+                                      int32_t sm_count, int32_t sm_idx) {
+    arrivals_ = params.arrivals;
+    return Base::tensormaps_init(params, shared_tensormaps, sm_count, sm_idx);
+  }
+
+  CUTLASS_DEVICE void load_tail(MainloopPipeline pipeline, PipelineState smem_pipe_write) {
+    if (arrivals_.counts != nullptr) {
+      if (cute::elect_one_sync()) {
+        comm::wait_rows(arrivals_, 0, arrivals_.minibatches * arrivals_.minibatch_rows);
+      }
+      __syncwarp();
+    }
+    Base::load_tail(pipeline, smem_pipe_write);
+  }
+
   template <class LoadInputs, class TensorMaps, class KTileIterator, class BlockCoord>
   CUTLASS_DEVICE void load(Params const& params, MainloopPipeline pipeline,
                            PipelineState smem_pipe_write, LoadInputs const& load_inputs,
@@ -58,6 +79,9 @@ struct WaitsForArrivals : CarriesGroup<Base> {
                blk_coord, k_tile_iter, k_tile_count, thread_idx, block_rank_in_cluster,
                shared_tensors);
   }
+
+ private:
+  comm::Arrivals arrivals_;
 };
 
 }  // namespace mok::gemm::detail

@@ -109,7 +109,11 @@ class HopperGemms(CudaMxfp8, CudaElementwise, ExpertEngine):
         read it as stored, so the backward makes no bf16 copy of its three weights."""
         return grouped_gemm.MxWeightT(*pair)
 
-    def linear(self, a: torch.Tensor, weight) -> torch.Tensor:
+    def linear(self, a: torch.Tensor, weight, pull=None) -> torch.Tensor:
+        """a @ W[e]^T per segment; `pull` (the backward's d_h: W_down^T, a transposed view) the
+        reverse dispatch writing `a`, run beside the GEMM."""
+        if pull is not None and not transposed_view(weight):
+            raise ValueError("`pull` runs beside the backward's d_h GEMM (a transposed weight)")
         if isinstance(weight, grouped_gemm.MxWeightT):  # d_h: the table keeps it fp32
             return grouped_gemm.linear_mx(
                 a, [weight], self.rows, self.row_source, False, out_dtype=torch.float32
@@ -119,7 +123,7 @@ class HopperGemms(CudaMxfp8, CudaElementwise, ExpertEngine):
         if transposed_view(weight):  # the backward's W^T: N-contiguous weights, fp32 d_h
             # d_h is read by swiglu_backward for the used rows only: no zeroed tail needed.
             return grouped_gemm.linear_transposed(
-                a, weight.transpose(1, 2), self.rows, False, self.row_source
+                a, weight.transpose(1, 2), self.rows, False, self.row_source, pull=pull
             )
         return self.linears(a, [weight])[0]
 
