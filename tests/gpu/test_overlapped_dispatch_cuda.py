@@ -1,5 +1,6 @@
-"""The forward's dispatch pull beside its gate/up GEMM (CudaEngine.pull_beside; the pull counts
-each minibatch's arrival and the GEMM's producer waits for a tile's rows, common/arrivals.cuh):
+"""The forward's dispatch pull beside its gate/up GEMM and the backward's reverse pull beside its
+d_h GEMM (CudaEngine.pull_beside; the pull counts each minibatch's arrival and the GEMM's
+producer waits for a tile's rows, common/arrivals.cuh):
 the same bits as the pull run alone first, at every comm-SM count and minibatch size, at EP 1
 and in a one-device group. The pulled rows are poisoned with NaN before the pull, so a GEMM tile
 that did not wait for its rows reads NaN.
@@ -17,11 +18,13 @@ from gpu_steps import CASES, GRAD_NAMES, make, step, workspace
 from mok import functional as F
 from mok.backends.cuda import comm as cuda_comm
 from mok.backends.cuda import engine as cuda_engine
+from mok.passes import overlaps_shared
 from mok.testing import OneDeviceGroup
 
 pytestmark = [pytest.mark.gpu]
 
-KNOBS = [(2, 256), (8, 4096), (16, 512), (40, 256)]  # (fwd_num_comm_sms, minibatch_size)
+# (comm SMs of each pass, minibatch_size)
+KNOBS = [(2, 256), (8, 4096), (16, 512), (40, 256)]
 
 
 def _overlap_poisoned(monkeypatch) -> list:
@@ -48,8 +51,17 @@ def _assert_same(got, want, where=""):
 
 
 def _config(comm_sms, minibatch):
-    return F.MoKConfig(fwd_num_comm_sms=comm_sms, minibatch_size=minibatch,
-                       macrobatch_size=max(minibatch, 131072))  # fmt: skip
+    return F.MoKConfig(
+        fwd_num_comm_sms=comm_sms, bwd_num_comm_sms=comm_sms, minibatch_size=minibatch
+    )
+
+
+def _overlapped(data) -> list:
+    """The buffers a step's overlapped pulls read: x, and d_y unless the backward pulls it in
+    the background of a large shared expert."""
+    shared = data["shared"] if data["shared"][0] is not None else None
+    background = overlaps_shared(shared, data["top"].shape[1])
+    return ["x_buffer"] + ([] if background else ["d_y_buffer"])
 
 
 @pytest.mark.parametrize("case", ["qwen3-235b-like", "dsv4-like", "empty-experts",
@@ -65,7 +77,7 @@ def test_overlapped_dispatch_gives_the_bits_of_the_pull_alone(nccl_group, monkey
         config = _config(comm_sms, minibatch)
         got, _ = step(ws, config, data, "bf16")
         _assert_same(got, alone, f"{comm_sms} comm SMs, minibatch {minibatch}: ")
-    assert launched == ["x_buffer"] * len(KNOBS), "every forward overlapped its dispatch"
+    assert launched == _overlapped(data) * len(KNOBS), "every pass overlapped its pulls"
 
 
 @pytest.mark.parametrize("ep", [2, 4])
@@ -82,6 +94,6 @@ def test_overlapped_dispatch_in_a_one_device_group(nccl_group, monkeypatch, ep):
     alone = run(_config(16, 512))
     launched = _overlap_poisoned(monkeypatch)
     got = run(_config(8, 256))
-    assert len(launched) == ep
+    assert sorted(launched) == sorted(_overlapped(data[0]) * ep)
     for rank in range(ep):
         _assert_same(got[rank], alone[rank], f"rank {rank}: ")
