@@ -19,7 +19,9 @@ MAX_SCHEDULE_CAPACITY = 2**62
 
 # mok's knobs that change speed, never bits or what the original's arguments say (the fields
 # after the original's six).
-SPEED_KNOBS = ("grouped_gemm", "overlap_ctas", "swiglu_epilogue", "mxfp8_f16_rows")
+SPEED_KNOBS = (
+    "grouped_gemm", "overlap_ctas", "swiglu_epilogue", "mxfp8_f16_rows", "overlap_dispatch",
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +70,7 @@ class MoKConfig:
     overlap_ctas: int = field(default_factory=settings.overlap_ctas, kw_only=True)
     swiglu_epilogue: bool = field(default_factory=settings.swiglu_epilogue, kw_only=True)
     mxfp8_f16_rows: bool = field(default_factory=settings.mxfp8_f16_rows, kw_only=True)
+    overlap_dispatch: bool = field(default=False, kw_only=True)
 
     def __post_init__(self) -> None:
         check_multiple("fwd_num_comm_sms", self.fwd_num_comm_sms, 2)
@@ -92,7 +95,7 @@ class MoKConfig:
                 f"got {self.grouped_gemm!r}"
             )
         check_multiple("overlap_ctas", self.overlap_ctas, 1, minimum=0)
-        for name in ("swiglu_epilogue", "mxfp8_f16_rows"):
+        for name in ("swiglu_epilogue", "mxfp8_f16_rows", "overlap_dispatch"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"`{name}` must be a bool, got {getattr(self, name)!r}")
 

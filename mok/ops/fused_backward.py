@@ -109,7 +109,12 @@ def dispatch_mlp_swiglu_combine_bwd_bf16(
         schedule,
         topk,
         swiglu_limit,
-        (group_name, edge_config(mok_config)),
+        (
+            group_name,
+            edge_config(
+                mok_config, ("bwd_num_comm_sms", num_comm_sms, minibatch_size, macrobatch_size)
+            ),
+        ),  # fmt: skip
         False,
     )
 
@@ -197,7 +202,12 @@ def dispatch_mlp_swiglu_combine_bwd_mxfp8(
         schedule,
         topk,
         swiglu_limit,
-        (group_name, edge_config(mok_config)),
+        (
+            group_name,
+            edge_config(
+                mok_config, ("bwd_num_comm_sms", num_comm_sms, minibatch_size, macrobatch_size)
+            ),
+        ),  # fmt: skip
         True,
     )
     return _with_pairs(outputs, routed_gradient_pairs)

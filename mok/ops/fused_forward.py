@@ -10,6 +10,8 @@ for mok.functional under torch.compile: a workspace's step flattened into the op
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.distributed as dist
 from torch.library import custom_op
@@ -55,22 +57,28 @@ def check_launch(num_comm_sms, macrobatch_size, minibatch_size, group_name, **po
             )
 
 
-def edge_config(mok_config: str) -> MoKConfig:
-    """The config whose speed knobs a fused op's pass uses: mok's optional `mok_config` argument,
-    a JSON object of MoKConfig fields (mok.functional passes MoKConfig.speed_json() under
-    torch.compile); fields it leaves out, and all of them when it is empty, keep their defaults
-    (the speed knobs' environment variables). The launch parameters stay the original's
-    positional arguments."""
+def edge_config(mok_config: str, launch: tuple[str, int, int, int]) -> MoKConfig:
+    """The config a fused op's pass uses: mok's optional `mok_config` argument, a JSON object of
+    MoKConfig fields (mok.functional passes MoKConfig.speed_json() under torch.compile); fields
+    it leaves out, and all of them when it is empty, keep their defaults (the speed knobs'
+    environment variables). `launch` = (the pass's comm-SM field, num_comm_sms, minibatch_size,
+    macrobatch_size): the original's launch arguments (checked by check_launch), which set
+    those fields."""
+    comm_field, num_comm_sms, minibatch_size, macrobatch_size = launch
     if not mok_config:
-        return MoKConfig()
-    if not mok_config.lstrip().startswith("{"):
+        config = MoKConfig()
+    elif not mok_config.lstrip().startswith("{"):
         raise ValueError(
             f"`mok_config` must be a JSON object of MoKConfig fields, got {mok_config!r:.60}"
         )
-    try:
-        return MoKConfig.from_json(mok_config)
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"`mok_config`: {error}") from error
+    else:
+        try:
+            config = MoKConfig.from_json(mok_config)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"`mok_config`: {error}") from error
+    launch_fields = {comm_field: num_comm_sms, "minibatch_size": minibatch_size,
+                     "macrobatch_size": macrobatch_size}  # fmt: skip
+    return dataclasses.replace(config, **launch_fields)
 
 
 def check_weights(x, routed, shared, *, mxfp8: bool, backward: bool, num_experts=None) -> None:
@@ -143,7 +151,9 @@ def _forward(x_and_ptrs, combine_and_ptrs, shared_weights, routed, schedule, top
                backward=False)  # fmt: skip
     check_launch(num_comm_sms, macrobatch_size, minibatch_size, group_name, x_ptrs=x_ptrs,
                  combine_buffer_ptrs=combine_buffer_ptrs)  # fmt: skip
-    config = edge_config(mok_config)
+    config = edge_config(
+        mok_config, ("fwd_num_comm_sms", num_comm_sms, minibatch_size, macrobatch_size)
+    )
     buffers = {Buffer.X: x, Buffer.COMBINE: combine_buffer}
     engine = backends.for_device(x.device).op_engine(buffers, x_ptrs, topk, group_name, config)
     shared = _shared(*shared_weights)

@@ -22,7 +22,9 @@ def test_fields_order_and_defaults():
         ("schedule_capacity_multiplier", 0.5),
         ("all_gather_top_experts_chunk_bytes", 2048),
     ]
-    mok_knobs = ["grouped_gemm", "overlap_ctas", "swiglu_epilogue", "mxfp8_f16_rows"]
+    mok_knobs = [
+        "grouped_gemm", "overlap_ctas", "swiglu_epilogue", "mxfp8_f16_rows", "overlap_dispatch",
+    ]  # fmt: skip
     assert [f.name for f in fields[6:]] == mok_knobs
     assert all(f.kw_only for f in fields[6:])
     assert MoKConfig(40, 28, 4096, 131072, 0.5, 2048) == MoKConfig()
@@ -48,8 +50,16 @@ def test_speed_knobs_default_to_the_environment(monkeypatch):
         ({"overlap_ctas": 1.5}, TypeError, r"`overlap_ctas` must be an int"),
         ({"swiglu_epilogue": "yes"}, TypeError, r"`swiglu_epilogue` must be a bool"),
         ({"mxfp8_f16_rows": 1}, TypeError, r"`mxfp8_f16_rows` must be a bool"),
+        ({"overlap_dispatch": "on"}, TypeError, r"`overlap_dispatch` must be a bool"),
     ],
-    ids=["grouped-gemm", "overlap-negative", "overlap-float", "epilogue-str", "f16-int"],
+    ids=[
+        "grouped-gemm",
+        "overlap-negative",
+        "overlap-float",
+        "epilogue-str",
+        "f16-int",
+        "dispatch-str",
+    ],  # fmt: skip
 )
 def test_speed_knobs_are_checked(kwargs, error, message):
     with pytest.raises(error, match=message):

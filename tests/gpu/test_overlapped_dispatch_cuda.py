@@ -17,7 +17,6 @@ from gpu_steps import CASES, GRAD_NAMES, make, step, workspace
 
 from mok import functional as F
 from mok.backends.cuda import comm as cuda_comm
-from mok.backends.cuda import engine as cuda_engine
 from mok.passes import overlaps_shared
 from mok.testing import OneDeviceGroup
 
@@ -27,9 +26,9 @@ pytestmark = [pytest.mark.gpu]
 KNOBS = [(2, 256), (8, 4096), (16, 512), (40, 256)]
 
 
-def _overlap_poisoned(monkeypatch) -> list:
-    """Turns the overlapped dispatch on, with every pulled buffer NaN before its pull; counts
-    the overlapped pulls."""
+def _poisoned(monkeypatch) -> list:
+    """Every overlapped pull's rows NaN before it runs; returns the list of the buffers they
+    read."""
     launched = []
     original = cuda_comm.overlapped_pull
 
@@ -39,7 +38,6 @@ def _overlap_poisoned(monkeypatch) -> list:
         return original(ws, name, schedule, out, **options)
 
     monkeypatch.setattr(cuda_comm, "overlapped_pull", poisoned)
-    monkeypatch.setattr(cuda_engine, "OVERLAP_DISPATCH", True)
     return launched
 
 
@@ -50,10 +48,9 @@ def _assert_same(got, want, where=""):
             assert torch.equal(a, b), f"{where}{name}: the overlapped dispatch changed the bits"
 
 
-def _config(comm_sms, minibatch):
-    return F.MoKConfig(
-        fwd_num_comm_sms=comm_sms, bwd_num_comm_sms=comm_sms, minibatch_size=minibatch
-    )
+def _config(comm_sms, minibatch, overlap=True):
+    return F.MoKConfig(fwd_num_comm_sms=comm_sms, bwd_num_comm_sms=comm_sms,
+                       minibatch_size=minibatch, overlap_dispatch=overlap)  # fmt: skip
 
 
 def _overlapped(data) -> list:
@@ -71,8 +68,8 @@ def test_overlapped_dispatch_gives_the_bits_of_the_pull_alone(nccl_group, monkey
         pytest.skip("one rank here; the one-device group test covers EP 2 and 4")
     data = make(CASES[case], 4321, 0, 1)
     config, ws = workspace(nccl_group, data)
-    alone, _ = step(ws, config, data, "bf16")
-    launched = _overlap_poisoned(monkeypatch)
+    alone, _ = step(ws, _config(40, 4096, overlap=False), data, "bf16")
+    launched = _poisoned(monkeypatch)
     for comm_sms, minibatch in KNOBS:
         config = _config(comm_sms, minibatch)
         got, _ = step(ws, config, data, "bf16")
@@ -91,8 +88,8 @@ def test_overlapped_dispatch_in_a_one_device_group(nccl_group, monkeypatch, ep):
                                hidden_size=hidden, topk=topk)  # fmt: skip
         return group.run(lambda rank, ws: step(ws, config, data[rank], "bf16")[0])
 
-    alone = run(_config(16, 512))
-    launched = _overlap_poisoned(monkeypatch)
+    alone = run(_config(16, 512, overlap=False))
+    launched = _poisoned(monkeypatch)
     got = run(_config(8, 256))
     assert sorted(launched) == sorted(_overlapped(data[0]) * ep)
     for rank in range(ep):

@@ -41,9 +41,6 @@ def _comm_stream(ws: MoKWorkspace) -> torch.cuda.Stream:
     return _COMM_STREAMS[index]
 
 
-# Whether the dispatch pull runs beside its GEMM (pull_beside).
-OVERLAP_DISPATCH = False
-
 # The symmetric buffers the peers push into (a pass's outputs); the others they pull from.
 PUSHED_INTO = (Buffer.COMBINE, Buffer.D_X_ROUTED, Buffer.D_ROUTER_WEIGHT)
 
@@ -160,7 +157,8 @@ class CudaEngine:
         every `minibatch_size` rows (docs/overlap.md); or, where that cannot be (a barrier after
         the pull, no comm SMs), rows already pulled and None."""
         comm_sms = self._comm_sms(name)
-        if not (OVERLAP_DISPATCH and getattr(gemm, "runs_pulls", False)) or sync[1] or not comm_sms:
+        overlaps = self.config.overlap_dispatch and getattr(gemm, "runs_pulls", False)
+        if not overlaps or sync[1] or not comm_sms:
             return self.pull(name, schedule, sync=sync), None
         source = getattr(self.ws, name)
         out = source.new_empty((schedule[0].shape[0], *source.shape[1:]))
