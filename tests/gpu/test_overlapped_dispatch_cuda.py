@@ -16,7 +16,7 @@ import torch.distributed as dist
 from gpu_steps import CASES, GRAD_NAMES, make, step, workspace
 
 from mok import functional as F
-from mok.backends.cuda import comm as cuda_comm
+from mok.backends.cuda import pull_beside
 from mok.passes import overlaps_shared
 from mok.testing import OneDeviceGroup
 
@@ -30,14 +30,14 @@ def _poisoned(monkeypatch) -> list:
     """Every overlapped pull's rows NaN before it runs; returns the list of the buffers they
     read."""
     launched = []
-    original = cuda_comm.overlapped_pull
+    original = pull_beside.overlapped_pull
 
     def poisoned(ws, name, schedule, out, **options):
         out.fill_(float("nan"))
         launched.append(name)
         return original(ws, name, schedule, out, **options)
 
-    monkeypatch.setattr(cuda_comm, "overlapped_pull", poisoned)
+    monkeypatch.setattr(pull_beside, "overlapped_pull", poisoned)
     return launched
 
 

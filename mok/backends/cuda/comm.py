@@ -224,15 +224,10 @@ def combine_status(ws: MoKWorkspace, num_local_experts: int) -> None:
 
 def _pull(ws, name, source, schedule, out, divisor, sync, num_ctas, zero_rest, src_direct=0):
     peer_rank, peer_token_idx, num_tokens = _schedule_rows(ws, schedule)
-    row_shape = tuple(source.shape[1:])
     if out is None:
-        out = torch.empty((peer_rank.shape[0], *row_shape), dtype=source.dtype, device=ws.device)
-    _check("out", out, source.dtype, ws.device)
-    if tuple(out.shape) != (peer_rank.shape[0], *row_shape) or not out.is_contiguous():
-        raise ValueError(
-            f"`out` must be a contiguous {source.dtype} {[peer_rank.shape[0], *row_shape]} "
-            f"(one row per schedule row of `{name}`), got {list(out.shape)}"
-        )
+        shape = (peer_rank.shape[0], *source.shape[1:])
+        out = torch.empty(shape, dtype=source.dtype, device=ws.device)
+    _check_out(ws, name, out, source, peer_rank.shape[0])
     run_pull(
         ws,
         "comm_pull_rows",
@@ -306,66 +301,25 @@ def pull_rows(
                  zero_rest, direct)  # fmt: skip
 
 
-def overlapped_pull(
-    ws: MoKWorkspace,
-    source_buffer_name: str,
-    schedule,
-    out: torch.Tensor,
-    *,
-    ctas: int,
-    minibatch_rows: int,
-    sync_before: bool = True,
-    source: torch.Tensor | None = None,
-):
-    """`pull_rows(ws, source_buffer_name, schedule, out, sync_after=False, zero_rest=False)`
-    made to run beside the grouped GEMM that reads `out` (grouped_gemm's `pull`), which launches
-    it after its tables, on `ctas` CTAs, counting the arrival of every `minibatch_rows` rows
-    (common/arrivals.cuh). The barrier before it (`sync_before`) is enqueued now. Returns what
-    the GEMM launch takes; the rows are there once that GEMM has run."""
-    buffer = _buffer(ws, source_buffer_name, _PULL_SOURCES)
-    direct = direct_source(ws, source_buffer_name, buffer, source)
-    peer_rank, peer_token_idx, num_tokens = _schedule_rows(ws, schedule)
-    rows = peer_rank.shape[0]
-    _check("out", out, buffer.dtype, ws.device)
-    if tuple(out.shape) != (rows, *buffer.shape[1:]) or not out.is_contiguous():
+def pull_operands(ws: MoKWorkspace, name: str, schedule, out: torch.Tensor, source=None):
+    """The checked operands of a pull of buffer `name` into `out` (one row per schedule row):
+    (the buffer, the address read in place or 0 (`direct_source`), (peer_rank, peer_token_idx,
+    num_tokens))."""
+    buffer = _buffer(ws, name, _PULL_SOURCES)
+    direct = direct_source(ws, name, buffer, source)
+    schedule_rows = _schedule_rows(ws, schedule)
+    _check_out(ws, name, out, buffer, schedule_rows[0].shape[0])
+    return buffer, direct, schedule_rows
+
+
+def _check_out(ws: MoKWorkspace, name: str, out, source: torch.Tensor, rows: int) -> None:
+    """`out` takes one row of `source` (buffer `name`) per schedule row."""
+    _check("out", out, source.dtype, ws.device)
+    if tuple(out.shape) != (rows, *source.shape[1:]) or not out.is_contiguous():
         raise ValueError(
-            f"`out` must be a contiguous {buffer.dtype} {[rows, *buffer.shape[1:]]} (one row per "
-            f"schedule row of `{source_buffer_name}`), got {list(out.shape)}"
+            f"`out` must be a contiguous {source.dtype} {[rows, *source.shape[1:]]} (one row per "
+            f"schedule row of `{name}`), got {list(out.shape)}"
         )
-    if sync_before:
-        barrier(ws, f"pull {source_buffer_name}")
-    minibatches = -(-rows // minibatch_rows)
-    arrivals = torch.empty(max(minibatches, 1), dtype=torch.int32, device=ws.device)
-    module = _extension.module_for_device(ws.device)
-    pull = module.comm_overlapped_pull(
-        src_table=ws.peer_ptr_tables[source_buffer_name].data_ptr(),
-        peer_rank=peer_rank.data_ptr(),
-        peer_token_idx=peer_token_idx.data_ptr(),
-        num_tokens=num_tokens.data_ptr(),
-        rows=rows,
-        row_bytes=buffer[0].numel() * buffer.element_size(),
-        src_rows=buffer.shape[0],
-        divisor=ws.topk,
-        ep=ws.ep_size,
-        ctas=ctas,
-        zero_rest=False,
-        src_direct=direct,
-        arrivals=arrivals.data_ptr(),
-        minibatch_rows=minibatch_rows,
-        status=ws.status.data_ptr(),
-        timeout_ns=settings.comm_timeout_ns(),
-    )
-    return OverlappedPull(pull, arrivals, ctas)
-
-
-class OverlappedPull:
-    """What `overlapped_pull` returns: the extension's pull arguments, the arrival counters they
-    point at (kept alive until the launch that uses them is enqueued) and the pull's CTAs."""
-
-    __slots__ = ("native", "arrivals", "ctas")
-
-    def __init__(self, native, arrivals: torch.Tensor, ctas: int):
-        self.native, self.arrivals, self.ctas = native, arrivals, ctas
 
 
 def pull_router_weights(

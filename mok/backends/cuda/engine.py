@@ -17,7 +17,7 @@ import torch
 from mok import backends
 from mok._arguments import describe
 from mok.backends.cuda import comm as cuda_comm
-from mok.backends.cuda import extension, mxfp8_pulls
+from mok.backends.cuda import extension, mxfp8_pulls, pull_beside
 from mok.backends.cuda.dense_gemms import DenseGemms
 from mok.config import MoKConfig
 from mok.experts import mx_round_d_out
@@ -162,7 +162,7 @@ class CudaEngine:
             return self.pull(name, schedule, sync=sync), None
         source = getattr(self.ws, name)
         out = source.new_empty((schedule[0].shape[0], *source.shape[1:]))
-        pull = cuda_comm.overlapped_pull(
+        pull = pull_beside.overlapped_pull(
             self.ws, name, schedule, out, ctas=comm_sms, sync_before=sync[0],
             minibatch_rows=self.config.minibatch_size, source=self._in_place.get(name),
         )  # fmt: skip
