@@ -36,13 +36,16 @@ from mok.config import MoKConfig
 
 # Candidate values of each knob (the defaults among them). grouped_gemm is not swept: its
 # alternatives are other GEMM implementations, held to the reference by tolerance, not to bits.
+# The sweep starts with the dispatch overlapped (overlap_dispatch, which gives the comm SMs and
+# the minibatch their effect) and tries it off last, against the knobs tuned for it.
 CANDIDATES = {
     "overlap_ctas": (0, 16, 32, 64, 96, 128),
-    "fwd_num_comm_sms": (8, 16, 24, 32, 40, 48, 64),
-    "bwd_num_comm_sms": (8, 16, 20, 28, 36, 48),
-    "minibatch_size": (1024, 2048, 4096, 8192),
+    "fwd_num_comm_sms": (2, 4, 8, 16, 24, 32, 40, 48, 64),
+    "bwd_num_comm_sms": (2, 4, 8, 16, 20, 28, 36, 48),
+    "minibatch_size": (256, 512, 1024, 2048, 4096, 8192),
     "macrobatch_size": (16384, 32768, 65536, 131072),
     "all_gather_top_experts_chunk_bytes": (512, 1024, 2048, 4096, 8192),
+    "overlap_dispatch": (True, False),
 }
 
 
@@ -249,7 +252,8 @@ def tune(args) -> int:
         if d.rank == 0:  # a new sweep.jsonl, filled as the points come
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / "sweep.jsonl").write_text("")
-        sweep = Sweep(runner, timer, runner.step.config, args.min_gain,
+        base = dataclasses.replace(runner.step.config, overlap_dispatch=True)
+        sweep = Sweep(runner, timer, base, args.min_gain,
                       lambda point: _append(args, d, context, point))  # fmt: skip
         with Progress(_total(args, sms), "tune", enabled=d.rank == 0) as progress:
             for knob in args.knobs:

@@ -118,7 +118,7 @@ def test_candidates_respect_the_device_and_the_minibatch():
     assert macros == [16384, 32768, 65536, 131072]
     base = MoKConfig(minibatch_size=1024, macrobatch_size=16384)
     minis = [c.minibatch_size for c in tune.candidates("minibatch_size", base, None)]
-    assert minis == [1024, 2048, 4096, 8192]
+    assert minis == [256, 512, 1024, 2048, 4096, 8192]
 
 
 def test_bench_without_the_baseline_says_why_there_is_no_chart(tmp_path):
