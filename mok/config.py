@@ -37,10 +37,12 @@ class MoKConfig:
     | schedule_capacity_multiplier       | routed rows per rank: see schedule_capacity          |
     | all_gather_top_experts_chunk_bytes | chunk of the routing all-gather (multiple of 16)     |
 
-    Of these only `schedule_capacity_multiplier` changes what runs today. The other five are
-    checked and passed to the ops as the original's callers expect, but nothing reads them
-    yet: mok's stages run one after another, and the overlapped engine that gives them their
-    meaning is still to come. Tuning them changes neither speed nor bits.
+    `schedule_capacity_multiplier` sizes the schedule. With `overlap_dispatch` on, the comm
+    SM counts are the CTAs of the dispatch pull that runs beside the GEMM reading its rows (the
+    GEMM's persistent CTAs take the other SMs) and `minibatch_size` the rows per arrival
+    counter (docs/overlap.md); otherwise, and for `macrobatch_size` and the chunk bytes always,
+    they are checked and passed to the ops as the original's callers expect but change nothing
+    yet. No knob changes a bit of the results.
 
     mok adds its own speed knobs after them (keyword arguments; each defaults to its
     environment variable, parsed in mok.settings, so a launcher can still set them there):
@@ -51,9 +53,11 @@ class MoKConfig:
     | overlap_ctas    | MOK_OVERLAP_CTAS    | CTAs of a background exchange; 0: foreground   |
     | swiglu_epilogue | MOK_SWIGLU_EPILOGUE | experimental: SwiGLU in the gate/up epilogue   |
     | mxfp8_f16_rows  | MOK_MXFP8_F16       | experimental: MXFP8 gate/up GEMM on f16 rows   |
+    | overlap_dispatch| -                   | BF16 pulls beside the GEMM reading their rows  |
 
     None of them changes a bit of the results; the two experimental ones were slower on every
-    GPU measured (docs/grouped-gemm.md). mok.functional's eager passes read them from the
+    GPU measured (docs/grouped-gemm.md). `overlap_dispatch` is off until measured to pay at the
+    comm SM defaults (`mok tune` sweeps it with them). mok.functional's eager passes read them from the
     config, and under torch.compile, where the passes run inside the original's fused ops, it
     hands them the config as their optional `mok_config` (to_json text); an op called in the
     original's form, without it, uses the environment's values. Process-wide settings (the
