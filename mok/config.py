@@ -53,14 +53,15 @@ class MoKConfig:
     | overlap_ctas    | MOK_OVERLAP_CTAS    | CTAs of a background exchange; 0: foreground   |
     | swiglu_epilogue | MOK_SWIGLU_EPILOGUE | experimental: SwiGLU in the gate/up epilogue   |
     | mxfp8_f16_rows  | MOK_MXFP8_F16       | experimental: MXFP8 gate/up GEMM on f16 rows   |
-    | overlap_dispatch| -                   | BF16 pulls beside the GEMM reading their rows  |
+    | overlap_dispatch | -                  | BF16 pulls beside the GEMM reading their rows  |
 
     None of them changes a bit of the results; the two experimental ones were slower on every
     GPU measured (docs/grouped-gemm.md). `overlap_dispatch` is off until measured to pay at the
-    comm SM defaults (`mok tune` sweeps it with them). mok.functional's eager passes read them from the
-    config, and under torch.compile, where the passes run inside the original's fused ops, it
-    hands them the config as their optional `mok_config` (to_json text); an op called in the
-    original's form, without it, uses the environment's values. Process-wide settings (the
+    comm SM defaults (`mok tune` sweeps it with them). mok.functional's eager passes read them
+    from the config, and under torch.compile, where the passes run inside the original's fused
+    ops, it hands them the config as their optional `mok_config` (to_json text); an op called in
+    the original's form, without it, uses the environment's values (and its launch arguments
+    for the comm SMs and the batch sizes). Process-wide settings (the
     backend, the wait bound, debug checks) stay environment variables (mok.settings).
     """
 
