@@ -147,3 +147,14 @@ def test_experimental_switches_come_from_the_config():
     assert HopperGemms(_cpu_schedule(), 2, MoKConfig(swiglu_epilogue=True)).swiglu_epilogue
     assert not HopperGemms(_cpu_schedule(), 2, MoKConfig()).reads_rebased_rows
     assert HopperGemms(_cpu_schedule(), 2, MoKConfig(mxfp8_f16_rows=True)).reads_rebased_rows
+
+
+def test_a_pull_runs_beside_the_gemms_that_wait_for_rows_only():
+    """The BF16 gate/up GEMM and the d_h GEMM wait for their rows (engine.pull_beside); the
+    SwiGLU epilogue's does not, and a pull beside any other linear is refused before a launch."""
+    assert HopperGemms(_cpu_schedule(), 2, MoKConfig()).runs_pulls
+    assert not HopperGemms(_cpu_schedule(), 2, MoKConfig(swiglu_epilogue=True)).runs_pulls
+    gemms = HopperGemms(_cpu_schedule(), 2, MoKConfig())
+    rows, weight = torch.zeros(512, 128), torch.zeros(2, 256, 128)
+    with pytest.raises(ValueError, match="`pull` runs beside the backward's d_h GEMM"):
+        gemms.linear(rows, weight, pull=object())

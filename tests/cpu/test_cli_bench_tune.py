@@ -33,6 +33,7 @@ def test_tune_writes_the_fastest_config_and_every_point(tmp_path):
     expected = [knob for knob in knobs for _ in tune.CANDIDATES[knob]]
     assert [p["knob"] for p in points] == expected
     assert all(p["same_bits"] and p["ep"] == 2 and p["gpu"] == "CPU" for p in points)
+    assert all(p["config"]["overlap_dispatch"] for p in points), "the sweep starts overlapped"
     for knob in knobs:  # one value kept per knob: the config's
         kept = [p["value"] for p in points if p["knob"] == knob and p["chosen"]]
         assert kept == [getattr(config, knob)]
