@@ -337,7 +337,7 @@ inline void bind_comm(pybind11::module_& m) {
         "rows, and on rows >= num_tokens when zero_rest (else left as they are; no barrier). "
         "src_direct (ep 1, 16-byte aligned): the local source itself, read instead of "
         "src_table[0].");
-  py::class_<comm::PullArgs>(m, "OverlappedPull",
+  py::class_<comm::PullArgs>(m, "OverlappedPull", py::module_local(),
                              "A pull for grouped_gemm's `pull` (comm_overlapped_pull).");
   m.def("comm_overlapped_pull", &comm_overlapped_pull, py::arg("src_table"),
         py::arg("peer_rank"), py::arg("peer_token_idx"), py::arg("num_tokens"), py::arg("rows"),
