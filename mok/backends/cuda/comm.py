@@ -99,9 +99,8 @@ def _buffer(ws: MoKWorkspace, name: str, allowed: tuple[str, ...]) -> torch.Tens
 
 
 def direct_source(ws: MoKWorkspace, name: str, buffer: torch.Tensor, source) -> int:
-    """The address a pull reads its rows from instead of the peers' `name` buffers (0: from
-    those, through the peer table): `source`, the caller's own rows, read in place at EP 1, where
-    the only source is this rank's (no copy into the workspace buffer first). It must be what
+    """The address a pull reads instead of the peers' `name` buffers (0: those): at EP 1 the
+    caller's own rows `source`, read in place (no copy into the buffer first). It must be what
     the buffer would hold: its dtype and shape, contiguous, on its device, 16-byte aligned."""
     if source is None:
         return 0
@@ -225,8 +224,7 @@ def combine_status(ws: MoKWorkspace, num_local_experts: int) -> None:
 def _pull(ws, name, source, schedule, out, divisor, sync, num_ctas, zero_rest, src_direct=0):
     peer_rank, peer_token_idx, num_tokens = _schedule_rows(ws, schedule)
     if out is None:
-        shape = (peer_rank.shape[0], *source.shape[1:])
-        out = torch.empty(shape, dtype=source.dtype, device=ws.device)
+        out = source.new_empty((peer_rank.shape[0], *source.shape[1:]))
     _check_out(ws, name, out, source, peer_rank.shape[0])
     run_pull(
         ws,
@@ -302,14 +300,11 @@ def pull_rows(
 
 
 def pull_operands(ws: MoKWorkspace, name: str, schedule, out: torch.Tensor, source=None):
-    """The checked operands of a pull of buffer `name` into `out` (one row per schedule row):
-    (the buffer, the address read in place or 0 (`direct_source`), (peer_rank, peer_token_idx,
-    num_tokens))."""
+    """(buffer `name`, its in-place address or 0, the schedule rows) of a pull into `out`."""
     buffer = _buffer(ws, name, _PULL_SOURCES)
-    direct = direct_source(ws, name, buffer, source)
     schedule_rows = _schedule_rows(ws, schedule)
     _check_out(ws, name, out, buffer, schedule_rows[0].shape[0])
-    return buffer, direct, schedule_rows
+    return buffer, direct_source(ws, name, buffer, source), schedule_rows
 
 
 def _check_out(ws: MoKWorkspace, name: str, out, source: torch.Tensor, rows: int) -> None:

@@ -112,8 +112,8 @@ def _launch(
     device; b_scales: the M_GROUPED_MXFP8_* variants' scale tiles of each set's b; hidden and
     limit: M_GROUPED_BF16_NT_SWIGLU's third output and SwiGLU clamp; exponents:
     M_GROUPED_MXFP8_NT_F16_ROWS's (a's row exponents, [each b's row exponents]); pull: the
-    comm.overlapped_pull writing `a` (M_GROUPED_BF16_NT, M_GROUPED_BF16_NN_F32), run beside the
-    GEMM, whose persistent CTAs then leave the pull's SMs to it."""
+    pull_beside.overlapped_pull writing `a` (M_GROUPED_BF16_NT, M_GROUPED_BF16_NN_F32), run
+    beside the GEMM, whose persistent CTAs then leave the pull's SMs to it."""
     device = rows.device
     if row_source is not None:
         check_tensor("row_source", row_source, dtype=torch.int32, shape=[sets[0][0].shape[0]],
@@ -201,7 +201,7 @@ def linear(
 
     Rows past the last segment are zero (unspecified when not `zero_rest`: for buffers only the
     segments of are read), and so are the padding rows `row_source` marks. `pull`: the
-    mok.backends.cuda.comm.overlapped_pull that writes `a`, run beside the GEMM.
+    mok.backends.cuda.pull_beside.overlapped_pull that writes `a`, run beside the GEMM.
     """
     _check_sets("weights", weights)
     experts = _experts(rows, a)
