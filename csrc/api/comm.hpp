@@ -155,7 +155,7 @@ inline void comm_pull_rows(uintptr_t src_table, uintptr_t out, uintptr_t peer_ra
 
 // A pull that a grouped GEMM launches beside itself (grouped_gemm's `pull`): into the GEMM's
 // `a`, counting each minibatch of `minibatch_rows` rows in `arrivals` (uint32, at least
-// ceil(rows / minibatch_rows) of them, which the GEMM zeroes first) on `ctas` CTAs.
+// ceil(rows / minibatch_rows) of them, which the GEMM zeroes first) on `ctas` CTAs, one an SM.
 inline comm::PullArgs comm_overlapped_pull(uintptr_t src_table, uintptr_t peer_rank,
                                            uintptr_t peer_token_idx, uintptr_t num_tokens,
                                            int64_t rows, int64_t row_bytes, int64_t src_rows,
@@ -169,10 +169,12 @@ inline comm::PullArgs comm_overlapped_pull(uintptr_t src_table, uintptr_t peer_r
   c::address("arrivals", arrivals, 4);
   c::address("status", status, 4);
   c::at_least("minibatch_rows", minibatch_rows, 1);
+  c::require(row_bytes % 16 == 0,
+             "`row_bytes` must be a multiple of 16 for a pull beside a GEMM (bulk copies), got " +
+                 std::to_string(row_bytes));
   a.arrivals.counts = reinterpret_cast<uint32_t*>(arrivals);
   a.arrivals.minibatch_rows = minibatch_rows;
   a.arrivals.minibatches = (rows + minibatch_rows - 1) / minibatch_rows;
-  a.arrivals.target = static_cast<uint32_t>(ctas);
   a.arrivals.status = reinterpret_cast<int*>(status);
   a.arrivals.timeout_ns = timeout_ns;
   return a;

@@ -1,6 +1,6 @@
 // Host entry points of the NVLink exchanges: the group's barrier and the routing all-gather
 // (barrier.cu), the dispatch pull, the combine push and the clearing of a push destination's
-// unrouted rows (pull_push.cu).
+// unrouted rows (pull_push.cu), and the pull beside a GEMM (arrival_pull.cu).
 //
 // None of them uses multicast: data moves with 16-byte loads and stores through peer pointers
 // of PyTorch symmetric memory, and ranks synchronise through epoch-tagged flag words (the
@@ -75,8 +75,9 @@ struct PullArgs {
   int ctas = 1;
   bool zero_rest = true;  // false: rows at or past num_tokens are left as they are
   // Set: the pull runs beside the GEMM that reads its rows (launched right after it with
-  // programmatic dependent launch), minibatch by minibatch, counting each minibatch's arrival
-  // (common/arrivals.cuh); `ctas` CTAs, which must all be resident at once.
+  // programmatic dependent launch), each of its `ctas` CTAs (one an SM, all resident at once)
+  // on whole minibatches, counting each minibatch's arrival (common/arrivals.cuh). row_bytes
+  // and `out` must then be 16-byte aligned (bulk copies), as the GEMM's TMA needs anyway.
   Arrivals arrivals;
 };
 
@@ -104,7 +105,9 @@ struct ZeroUnroutedArgs {
 // Each enqueues one kernel on `stream` and returns the launch status (never synchronises).
 cudaError_t launch_barrier(const BarrierArgs& args, cudaStream_t stream);
 cudaError_t launch_all_gather(const AllGatherArgs& args, cudaStream_t stream);
+// With args.arrivals set, launch_pull launches launch_arrival_pull's kernel (arrival_pull.cu).
 cudaError_t launch_pull(const PullArgs& args, cudaStream_t stream);
+cudaError_t launch_arrival_pull(const PullArgs& args, cudaStream_t stream);
 cudaError_t launch_push(const PushArgs& args, cudaStream_t stream);
 cudaError_t launch_zero_unrouted(const ZeroUnroutedArgs& args, cudaStream_t stream);
 

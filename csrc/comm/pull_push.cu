@@ -2,7 +2,7 @@
 // row copies through peer pointers by thread teams (common/row_copy.cuh). comm.h says how the
 // barriers bracket them.
 #include "comm/comm.h"
-#include "common/arrivals.cuh"
+#include "comm/schedule_rows.cuh"
 #include "common/flags.cuh"
 #include "common/row_copy.cuh"
 
@@ -14,34 +14,6 @@ namespace mok::comm {
 // source file's absolute path, which would make the binary depend on where it was built.
 namespace detail {
 
-// Rows at or past num_tokens are padding (num_tokens clamped to [0, rows]).
-__device__ __forceinline__ int64_t live_rows(const ScheduleView& s) {
-  const int64_t n = *s.num_tokens;
-  return n < 0 ? 0 : (n < s.rows ? n : s.rows);
-}
-
-// A schedule row's entry as stored: the source rank and the index into its buffer (before the
-// divisor); rank -1 for padding.
-struct RawEntry {
-  int rank;
-  int32_t idx;
-};
-
-__device__ __forceinline__ RawEntry raw_entry(const ScheduleView& s, int64_t row, int64_t live) {
-  if (row >= live) return {-1, -1};
-  return {s.peer_rank[row], s.peer_token_idx[row]};
-}
-
-// The row of `e` in a [limit, ...] buffer, or false for an entry that carries nothing: padding,
-// or an entry outside the group or the buffer (which a valid schedule never holds; skipping it
-// keeps a corrupt schedule from touching memory it does not own).
-__device__ __forceinline__ bool valid_entry(RawEntry e, int ep, int divisor, int64_t limit,
-                                            int64_t* index) {
-  if (e.rank < 0 || e.rank >= ep || e.idx < 0) return false;
-  *index = e.idx / divisor;
-  return *index < limit;
-}
-
 // Vectors [first, first + count) of schedule row `row` (entry `e`): the source's, or zeros.
 template <typename V>
 __device__ __forceinline__ void pull_slice(const PullArgs& a, int64_t row, int64_t first,
@@ -49,10 +21,7 @@ __device__ __forceinline__ void pull_slice(const PullArgs& a, int64_t row, int64
   V* dst = reinterpret_cast<V*>(static_cast<uint8_t*>(a.out) + row * a.row_bytes) + first;
   int64_t index;
   if (valid_entry(e, a.ep, a.divisor, a.src_rows, &index)) {
-    const uint8_t* src = a.src_direct != nullptr
-                             ? static_cast<const uint8_t*>(a.src_direct)
-                             : reinterpret_cast<const uint8_t*>(a.src_table[e.rank]);
-    copy_row(dst, reinterpret_cast<const V*>(src + index * a.row_bytes) + first, count, team);
+    copy_row(dst, reinterpret_cast<const V*>(pull_source_row(a, e, index)) + first, count, team);
   } else {
     zero_row(dst, count, team);
   }
@@ -81,28 +50,6 @@ __global__ void __launch_bounds__(kCopyThreads) pull_kernel(PullArgs a, int lane
       pull_slice<V>(a, row, first, count, entry, team);
       entry = next;
     }
-  }
-}
-
-// The pull beside its GEMM: every CTA on one minibatch of rows (whole rows, in schedule order)
-// before the next, so the GEMM's first tiles wait for one minibatch, not for the whole pull;
-// each CTA counts its share of a minibatch as arrived once stored. The first instruction lets
-// the GEMM launch (programmatic dependent launch): every CTA of this grid is resident by then,
-// so a GEMM CTA that waits for rows never holds an SM a pull CTA needs.
-template <typename V>
-__global__ void __launch_bounds__(kCopyThreads) pull_arrivals_kernel(PullArgs a, int lane_shift) {
-  asm volatile("griddepcontrol.launch_dependents;");
-  const Team team = grid_team(lane_shift);
-  const int64_t vecs = a.row_bytes / static_cast<int64_t>(sizeof(V));
-  const int64_t live = live_rows(a.schedule);
-  const int64_t end = a.zero_rest ? a.schedule.rows : live;
-  const int64_t step = a.arrivals.minibatch_rows;
-  for (int64_t m = 0; m < a.arrivals.minibatches; ++m) {
-    const int64_t last = (m + 1) * step < end ? (m + 1) * step : end;
-    for (int64_t row = m * step + team.index; row < last; row += team.count) {
-      pull_slice<V>(a, row, 0, vecs, raw_entry(a.schedule, row, live), team);
-    }
-    arrive(a.arrivals, m);
   }
 }
 
@@ -153,11 +100,7 @@ inline int lane_shift_for(int64_t vecs) {
 
 template <typename V>
 void launch_typed(const PullArgs& a, dim3 grid, int shift, cudaStream_t stream) {
-  if (a.arrivals.counts != nullptr) {
-    pull_arrivals_kernel<V><<<grid, kCopyThreads, 0, stream>>>(a, shift);
-  } else {
-    pull_kernel<V><<<grid, kCopyThreads, 0, stream>>>(a, shift);
-  }
+  pull_kernel<V><<<grid, kCopyThreads, 0, stream>>>(a, shift);
 }
 
 template <typename V>
@@ -190,6 +133,7 @@ cudaError_t launch_rows(const Args& a, int64_t rows, const void* local, cudaStre
 }  // namespace detail
 
 cudaError_t launch_pull(const PullArgs& args, cudaStream_t stream) {
+  if (args.arrivals.counts != nullptr) return launch_arrival_pull(args, stream);
   return detail::launch_rows(args, args.schedule.rows, args.out, stream);
 }
 

@@ -1,14 +1,14 @@
 // Arrival counters: a dispatch pull overlapped with the grouped GEMM that reads its rows
-// (docs/overlap.md). The pull's CTAs copy the schedule's rows minibatch by minibatch, all of them
-// on one minibatch before the next, and each adds one to the minibatch's counter once its share
-// is stored; the GEMM's producer warp waits until every minibatch of a tile's rows has all of the
-// pull's CTAs counted before it loads the tile. Counters are zeroed in the stream before the
-// pull, so no epoch is needed, and a wait is bounded like a barrier's (common/flags.cuh).
+// (docs/overlap.md). Each minibatch of the schedule's rows is copied by one CTA of the pull
+// (comm/arrival_pull.cu), which then sets the minibatch's counter; the GEMM's producer warp waits
+// until every minibatch of a tile's rows has arrived before it loads the tile. Counters are
+// zeroed in the stream before the pull, so no epoch is needed, and a wait is bounded like a
+// barrier's (common/flags.cuh).
 //
-// Memory ordering: the pull's rows are ordinary (generic-proxy) stores; a CTA's threads meet at
-// a barrier, then one thread fences at GPU scope and adds (cumulativity carries the CTA's stores
-// with it). The waiting thread loads the counter with acquire semantics, then fences the async
-// proxy, because the GEMM reads the rows by TMA, which goes through the async proxy.
+// Memory ordering: the pull stores its rows by bulk copies (the async proxy); its issuing thread
+// waits until they are written, fences the async proxy against its own generic accesses, then
+// fences at GPU scope and adds. The waiting thread loads the counter with acquire semantics, then
+// fences the async proxy, because the GEMM reads the rows by TMA, which goes through it too.
 #pragma once
 
 #include <cstdint>
@@ -18,13 +18,12 @@
 
 namespace mok::comm {
 
-// Called by every thread of a CTA once its rows of minibatch `m` are stored.
-__device__ __forceinline__ void arrive(const Arrivals& a, int64_t m) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    atomicAdd(a.counts + m, 1u);
-  }
+// Called by the one thread that issued minibatch `m`'s bulk stores, once they are written
+// (cp.async.bulk.wait_group 0).
+__device__ __forceinline__ void publish_arrival(const Arrivals& a, int64_t m) {
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+  __threadfence();
+  atomicAdd(a.counts + m, 1u);
 }
 
 __device__ __forceinline__ uint32_t load_count_acquire(const uint32_t* count) {
@@ -41,10 +40,10 @@ __device__ __forceinline__ bool wait_rows(const Arrivals& a, int64_t first, int6
   const int64_t end = last < a.minibatches * a.minibatch_rows ? last
                                                               : a.minibatches * a.minibatch_rows;
   for (int64_t m = first / a.minibatch_rows; arrived && m * a.minibatch_rows < end; ++m) {
-    if (load_count_acquire(a.counts + m) >= a.target) continue;
+    if (load_count_acquire(a.counts + m) != 0) continue;
     const uint64_t start = global_timer_ns();
     unsigned sleep_ns = 8;
-    while (load_count_acquire(a.counts + m) < a.target) {
+    while (load_count_acquire(a.counts + m) == 0) {
       if (global_timer_ns() - start > a.timeout_ns) {
         atomicOr(a.status, kStatusTimeout);
         arrived = false;

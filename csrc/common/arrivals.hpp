@@ -11,7 +11,6 @@ struct Arrivals {
   uint32_t* counts = nullptr;  // [minibatches]; null: nothing overlapped, nobody waits
   int64_t minibatch_rows = 0;  // schedule rows per counter
   int64_t minibatches = 0;     // counters, ceil(pulled rows / minibatch_rows)
-  uint32_t target = 0;         // the pull's CTAs: a minibatch has arrived at this count
   int* status = nullptr;       // a wait that times out ORs kStatusTimeout here
   uint64_t timeout_ns = 0;
 };

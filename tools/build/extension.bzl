@@ -35,6 +35,7 @@ COMPUTE_CAPABILITY = {
 
 EXTENSION_SOURCES = [
     "csrc/bindings.cpp",
+    "csrc/comm/arrival_pull.cu",
     "csrc/comm/barrier.cu",
     "csrc/comm/combine_epilogue.cu",
     "csrc/comm/pull_push.cu",
@@ -66,6 +67,7 @@ EXTENSION_HEADERS = [
     "csrc/api/schedule.hpp",
     "csrc/comm/combine_epilogue.h",
     "csrc/comm/comm.h",
+    "csrc/comm/schedule_rows.cuh",
     "csrc/common/arrivals.cuh",
     "csrc/common/arrivals.hpp",
     "csrc/common/cuda_check.hpp",
