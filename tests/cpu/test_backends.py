@@ -3,11 +3,14 @@ the CUDA engine's handling of functional copies of the buffers (torch.compile)."
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from mok import backends, workspace
 from mok.backends.cuda import kernels as cuda_kernels
+from mok.backends.cuda import pull_beside
 from mok.backends.cuda.engine import CudaEngine
 from mok.backends.cuda.routed_gemms import GroupedGemms, HopperGemms
 from mok.backends.reference import kernels as reference_kernels
@@ -158,3 +161,33 @@ def test_a_pull_runs_beside_the_gemms_that_wait_for_rows_only():
     rows, weight = torch.zeros(512, 128), torch.zeros(2, 256, 128)
     with pytest.raises(ValueError, match="`pull` runs beside the backward's d_h GEMM"):
         gemms.linear(rows, weight, pull=object())
+
+
+@pytest.mark.parametrize(("ctas", "minibatch", "want"), [(40, 4096, 3), (2, 256, 2), (8, 256, 8)])
+def test_a_pull_beside_a_gemm_takes_no_more_ctas_than_minibatches(monkeypatch, ctas, minibatch,
+                                                                   want):  # fmt: skip
+    """Each CTA of the pull copies whole minibatches: CTAs past the minibatch count would only
+    hold SMs from the GEMM, so the pull (and the SMs the GEMM leaves it) is capped there."""
+    rows = 9000  # 3 minibatches of 4096, 36 of 256
+    schedule = (torch.zeros(rows, dtype=torch.int32),) * 2 + (torch.zeros(1, dtype=torch.int32),)
+    launched = {}
+
+    class Module:
+        @staticmethod
+        def comm_overlapped_pull(**kwargs):
+            launched.update(kwargs)
+            return "native"
+
+    def operands(ws, name, sched, out, source):
+        return torch.zeros(4, 128), 0, sched
+
+    monkeypatch.setattr(pull_beside.cuda_comm, "pull_operands", operands)
+    monkeypatch.setattr(pull_beside.extension, "module_for_device", lambda device: Module)
+    ws = SimpleNamespace(device=torch.device("cpu"), topk=2, ep_size=1, status=torch.zeros(1),
+                         peer_ptr_tables={"x_buffer": torch.zeros(1)})  # fmt: skip
+    out = torch.zeros(rows, 128)
+    pull = pull_beside.overlapped_pull(
+        ws, "x_buffer", schedule, out, ctas=ctas, minibatch_rows=minibatch, sync_before=False
+    )
+    assert launched["ctas"] == pull.ctas == want
+    assert pull.arrivals.numel() == -(-rows // minibatch)

@@ -37,15 +37,19 @@ def overlapped_pull(
 ) -> OverlappedPull:
     """`cuda_comm.pull_rows(ws, source_buffer_name, schedule, out, sync_after=False,
     zero_rest=False)` made to run beside the grouped GEMM that reads `out` (grouped_gemm's
-    `pull`), on `ctas` CTAs, counting the arrival of every `minibatch_rows` rows. The barrier
-    before it (`sync_before`) is enqueued now; the rows are there once that GEMM has run."""
+    `pull`), counting the arrival of every `minibatch_rows` rows. A CTA copies whole
+    minibatches, so it runs on `ctas` CTAs or one a minibatch if there are fewer: a CTA without
+    one would only hold an SM the GEMM could use. The barrier before it (`sync_before`) is
+    enqueued now; the rows are there once that GEMM has run."""
     buffer, direct, (peer_rank, peer_token_idx, num_tokens) = cuda_comm.pull_operands(
         ws, source_buffer_name, schedule, out, source
     )
     if sync_before:
         cuda_comm.barrier(ws, f"pull {source_buffer_name}")
     rows = peer_rank.shape[0]
-    arrivals = torch.empty(max(-(-rows // minibatch_rows), 1), dtype=torch.int32, device=ws.device)
+    minibatches = max(-(-rows // minibatch_rows), 1)
+    ctas = min(ctas, minibatches)
+    arrivals = torch.empty(minibatches, dtype=torch.int32, device=ws.device)
     native = extension.module_for_device(ws.device).comm_overlapped_pull(
         src_table=ws.peer_ptr_tables[source_buffer_name].data_ptr(),
         peer_rank=peer_rank.data_ptr(),
