@@ -11,12 +11,11 @@
 #include "comm/comm.h"
 #include "comm/schedule_rows.cuh"
 #include "common/arrivals.cuh"
+#include "common/shared_memory.hpp"
 
 #include <cute/arch/copy_sm90_tma.hpp>
 #include <cutlass/arch/barrier.h>
 
-#include <array>
-#include <atomic>
 #include <cstdint>
 
 namespace mok::comm {
@@ -162,16 +161,9 @@ cudaError_t launch_arrival_pull(const PullArgs& args, cudaStream_t stream) {
   int device = 0;
   cudaError_t status = cudaGetDevice(&device);
   if (status != cudaSuccess) return status;
-  // The shared memory above 48 KiB, allowed once per device (a function attribute).
-  static std::array<std::atomic<bool>, 64> allowed{};
-  const bool cached = device >= 0 && device < static_cast<int>(allowed.size());
-  if (!cached || !allowed[device].load(std::memory_order_acquire)) {
-    status = cudaFuncSetAttribute(detail::pull_arrivals_kernel,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(detail::kPullSharedBytes));
-    if (status != cudaSuccess) return status;
-    if (cached) allowed[device].store(true, std::memory_order_release);
-  }
+  status = allow_dynamic_shared_memory<detail::PullShared>(
+      detail::pull_arrivals_kernel, static_cast<int>(detail::kPullSharedBytes), device);
+  if (status != cudaSuccess) return status;
   const dim3 grid(static_cast<unsigned>(args.ctas > 0 ? args.ctas : 1));
   detail::pull_arrivals_kernel<<<grid, detail::kPullThreads, detail::kPullSharedBytes, stream>>>(
       args);

@@ -74,6 +74,7 @@ EXTENSION_HEADERS = [
     "csrc/common/fast_divide.cuh",
     "csrc/common/flags.cuh",
     "csrc/common/row_copy.cuh",
+    "csrc/common/shared_memory.hpp",
     "csrc/experts/experts.h",
     "csrc/experts/swiglu_math.cuh",
     "csrc/gemm/grouped_gemm.h",

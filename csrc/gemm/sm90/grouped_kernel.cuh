@@ -10,8 +10,6 @@
 
 #include <cuda_runtime_api.h>
 
-#include <array>
-#include <atomic>
 #include <cstdint>
 #include <type_traits>
 
@@ -23,6 +21,7 @@
 #include "cutlass/gemm/dispatch_policy.hpp"
 #include "cutlass/gemm/group_array_problem_shape.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "common/shared_memory.hpp"
 #include "gemm/grouped_gemm.h"
 #include "gemm/sm90/arrival_mainloop.cuh"
 #include "gemm/sm90/gate_up_mainloop.cuh"
@@ -189,24 +188,6 @@ struct GroupedGemm {
            Device::get_workspace_size(arguments(GroupedArgs{}, placeholder, groups, 0, sm_count));
   }
 
-  // The kernel's dynamic shared memory above 48 KiB, allowed once per device (a function
-  // attribute of the device's context) instead of on every launch as the adapter's initialize()
-  // does: a host call less before each GEMM.
-  static cudaError_t allow_shared_storage(int device) {
-    constexpr int kDevices = 64;
-    static std::array<std::atomic<bool>, kDevices> allowed{};
-    const bool cached = device >= 0 && device < kDevices;
-    if (cached && allowed[device].load(std::memory_order_acquire)) return cudaSuccess;
-    constexpr int smem_bytes = Kernel::SharedStorageSize;
-    if constexpr (smem_bytes >= (48 << 10)) {
-      const cudaError_t status = cudaFuncSetAttribute(
-          cutlass::device_kernel<Kernel>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
-      if (status != cudaSuccess) return status;
-    }
-    if (cached) allowed[device].store(true, std::memory_order_release);
-    return cudaSuccess;
-  }
-
   // Zeroes the arrival counters and enqueues the pull that counts them, after the tables.
   static cudaError_t start_pull(const GroupedArgs& args, cudaStream_t stream) {
     if (!kWaits || args.launch_pull == nullptr || args.pull == nullptr) {
@@ -236,7 +217,8 @@ struct GroupedGemm {
     auto gemm_args = arguments(args, tables, groups, device, sm_count);
     void* workspace = static_cast<char*>(args.scratch) + Tables::bytes(groups);
     if (Device::can_implement(gemm_args) != cutlass::Status::kSuccess) return cudaErrorInvalidValue;
-    status = allow_shared_storage(device);
+    status = allow_dynamic_shared_memory<Kernel>(cutlass::device_kernel<Kernel>,
+                                                 Kernel::SharedStorageSize, device);
     if (status != cudaSuccess) return status;
     // What the adapter's initialize() does but the attribute: the workspace, then the params.
     if (Kernel::initialize_workspace(gemm_args, workspace, stream, nullptr) !=
