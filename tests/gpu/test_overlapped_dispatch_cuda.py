@@ -1,9 +1,10 @@
 """The forward's dispatch pull beside its gate/up GEMM and the backward's reverse pull beside its
 d_h GEMM (CudaEngine.pull_beside; the pull counts each minibatch's arrival and the GEMM's
-producer waits for a tile's rows, common/arrivals.cuh):
+producer waits for a tile's rows, common/arrivals.cuh; the GEMM, on every SM, hands out its
+tiles on demand, gemm/sm90/on_demand_scheduler.cuh):
 the same bits as the pull run alone first, at every comm-SM count and minibatch size, at EP 1
-and in a one-device group. The pulled rows are poisoned with NaN before the pull, so a GEMM tile
-that did not wait for its rows reads NaN.
+and in a one-device group. The pulled rows and the GEMM's products are poisoned with NaN first,
+so a GEMM tile that did not wait for its rows, or that no cluster took, shows.
 
 Run: torchrun --nproc-per-node=1 -m pytest tests/gpu/test_overlapped_dispatch_cuda.py
 """
@@ -16,7 +17,7 @@ import torch.distributed as dist
 from gpu_steps import CASES, GRAD_NAMES, make, step, workspace
 
 from mok import functional as F
-from mok.backends.cuda import pull_beside
+from mok.backends.cuda import grouped_gemm, pull_beside
 from mok.passes import overlaps_shared
 from mok.testing import OneDeviceGroup
 
@@ -27,17 +28,26 @@ KNOBS = [(2, 256), (8, 4096), (16, 512), (40, 256)]
 
 
 def _poisoned(monkeypatch) -> list:
-    """Every overlapped pull's rows NaN before it runs; returns the list of the buffers they
-    read."""
+    """Every overlapped pull's rows, and the products of the GEMM beside it, NaN before they
+    are written: a tile that did not wait for its rows reads NaN, and a tile that no cluster
+    took (the GEMM hands out tiles on demand) leaves NaN. Returns the list of the buffers the
+    pulls read."""
     launched = []
-    original = pull_beside.overlapped_pull
+    original_pull, original_launch = pull_beside.overlapped_pull, grouped_gemm._launch
 
-    def poisoned(ws, name, schedule, out, **options):
+    def poisoned_pull(ws, name, schedule, out, **options):
         out.fill_(float("nan"))
         launched.append(name)
-        return original(ws, name, schedule, out, **options)
+        return original_pull(ws, name, schedule, out, **options)
 
-    monkeypatch.setattr(pull_beside, "overlapped_pull", poisoned)
+    def poisoned_launch(kind, sets, *args, pull=None, **options):
+        if pull is not None:
+            for _, _, product in sets:
+                product.fill_(float("nan"))
+        return original_launch(kind, sets, *args, pull=pull, **options)
+
+    monkeypatch.setattr(pull_beside, "overlapped_pull", poisoned_pull)
+    monkeypatch.setattr(grouped_gemm, "_launch", poisoned_launch)
     return launched
 
 

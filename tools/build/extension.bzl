@@ -84,6 +84,7 @@ EXTENSION_HEADERS = [
     "csrc/gemm/sm90/mx_weight_convert.cuh",
     "csrc/gemm/sm90/mx_weight_mainloop.cuh",
     "csrc/gemm/sm90/mx_weight_steps.cuh",
+    "csrc/gemm/sm90/on_demand_scheduler.cuh",
     "csrc/gemm/sm90/paired_mainloop.cuh",
     "csrc/gemm/sm90/producer_loads.cuh",
     "csrc/gemm/sm90/swiglu_epilogue.cuh",

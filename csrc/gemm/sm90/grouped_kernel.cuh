@@ -26,6 +26,7 @@
 #include "gemm/sm90/arrival_mainloop.cuh"
 #include "gemm/sm90/gate_up_mainloop.cuh"
 #include "gemm/sm90/mx_weight_mainloop.cuh"
+#include "gemm/sm90/on_demand_scheduler.cuh"
 #include "gemm/sm90/paired_mainloop.cuh"
 #include "gemm/sm90/swiglu_epilogue.cuh"
 #include "gemm/sm90/tables.cuh"
@@ -44,7 +45,10 @@ struct GroupedGemm {
   static constexpr bool kMxWeight = reads_mx_weight(kKind);
   static constexpr bool kSwiglu = kKind == Kind::M_GROUPED_BF16_NT_SWIGLU;
   static constexpr bool kWaits = waits_for_rows(kKind);
-  using ProblemShape = cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>;
+  // The kinds that wait for rows hand out tiles on demand (on_demand_scheduler.cuh).
+  using ProblemShape =
+      std::conditional_t<kWaits, OnDemandGroupShape<cute::Shape<int, int, int>>,
+                         cutlass::gemm::GroupProblemShape<cute::Shape<int, int, int>>>;
   using Element = std::conditional_t<kMxWeightF16, cutlass::half_t, cutlass::bfloat16_t>;
   using ElementC = void;
   using Accumulator = float;
@@ -91,10 +95,12 @@ struct GroupedGemm {
                                                 BuiltMainloop>>>>;
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<ProblemShape, Mainloop, Epilogue>;
+  static_assert(kHandsOutOnDemand<typename Kernel::TileScheduler> == kWaits,
+                "the kinds that wait for rows, and only they, take tiles on demand");
   static_assert(sizeof(typename Kernel::SharedStorage) <= 227 * 1024,
                 "sm_90's opt-in limit of shared memory per block");
   using Device = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
-  using Tables = GroupTables<ProblemShape::UnderlyingProblemShape, Element, ElementD,
+  using Tables = GroupTables<typename ProblemShape::UnderlyingProblemShape, Element, ElementD,
                              typename Kernel::InternalStrideA, typename Kernel::InternalStrideB,
                              typename Kernel::InternalStrideC, typename Kernel::InternalStrideD>;
 
@@ -103,11 +109,18 @@ struct GroupedGemm {
     cutlass::KernelHardwareInfo hw_info;
     hw_info.device_id = device;
     hw_info.sm_count = sm_count;
-    typename Device::Arguments gemm_args{cutlass::gemm::GemmUniversalMode::kGrouped,
-                                         {groups, tables.shapes, nullptr},
+    ProblemShape shapes;
+    shapes.num_groups = groups;
+    shapes.problem_shapes = tables.shapes;
+    typename Device::Arguments gemm_args{cutlass::gemm::GemmUniversalMode::kGrouped, shapes,
                                          mainloop_arguments(args, tables),
-                                         epilogue_arguments(args, tables),
-                                         hw_info};
+                                         epilogue_arguments(args, tables), hw_info};
+    if constexpr (kWaits) {
+      // Beside a pull the GEMM is launched on every SM and takes its tiles on demand.
+      gemm_args.scheduler.on_demand = args.arrivals.counts != nullptr;
+      gemm_args.scheduler.status = args.arrivals.status;
+      gemm_args.scheduler.timeout_ns = args.arrivals.timeout_ns;
+    }
     return gemm_args;
   }
 

@@ -113,7 +113,9 @@ def _launch(
     limit: M_GROUPED_BF16_NT_SWIGLU's third output and SwiGLU clamp; exponents:
     M_GROUPED_MXFP8_NT_F16_ROWS's (a's row exponents, [each b's row exponents]); pull: the
     pull_beside.overlapped_pull writing `a` (M_GROUPED_BF16_NT, M_GROUPED_BF16_NN_F32), run
-    beside the GEMM, whose persistent CTAs then leave the pull's SMs to it."""
+    beside the GEMM. The GEMM is launched on every SM either way: beside a pull, the clusters
+    that find their SMs held by it start as its CTAs exit and take the tiles left then (the
+    waiting variants hand out tiles on demand, csrc/gemm/sm90/on_demand_scheduler.cuh)."""
     device = rows.device
     if row_source is not None:
         check_tensor("row_source", row_source, dtype=torch.int32, shape=[sets[0][0].shape[0]],
@@ -141,7 +143,7 @@ def _launch(
         n=n,
         k=k,
         total_rows=total_rows,
-        sm_count=_sm_count(device) - (pull.ctas if pull is not None else 0),
+        sm_count=_sm_count(device),
         scratch=scratch.data_ptr(),
         scratch_bytes=nbytes,
         b_scale=_address(b_scales[0] if b_scales else None),
