@@ -39,10 +39,10 @@ class MoKConfig:
 
     `schedule_capacity_multiplier` sizes the schedule. With `overlap_dispatch` on, the comm
     SM counts are the CTAs of the dispatch pull that runs beside the GEMM reading its rows (at
-    most one a minibatch; the GEMM's persistent CTAs take the other SMs) and `minibatch_size`
-    the rows per arrival counter (docs/overlap.md); otherwise, and for `macrobatch_size` and
-    the chunk bytes always, they are checked and passed to the ops as the original's callers
-    expect but change nothing yet. No knob changes a bit of the results.
+    most one a minibatch; the GEMM takes the other SMs, and theirs as the pull's CTAs exit) and
+    `minibatch_size` the rows per arrival counter (docs/overlap.md); otherwise, and for
+    `macrobatch_size` and the chunk bytes always, they are checked and passed to the ops as the
+    original's callers expect but change nothing yet. No knob changes a bit of the results.
 
     mok adds its own speed knobs after them (keyword arguments; each defaults to its
     environment variable, parsed in mok.settings, so a launcher can still set them there):

@@ -1,8 +1,9 @@
 """The dispatch pull run beside the grouped GEMM that reads its rows (docs/overlap.md): what
 CudaEngine.pull_beside hands the GEMM engine, which passes it to grouped_gemm's launch. The
 launch enqueues the pull after the GEMM's tables, on the pass's comm SMs, and the GEMM as its
-programmatic dependent on the other SMs; the pull counts each minibatch's arrival and the GEMM's
-producer waits for a tile's rows (csrc/common/arrivals.cuh)."""
+programmatic dependent on every SM (its clusters take tiles on demand, so those that start on the
+pull's SMs as it exits take what is left); the pull counts each minibatch's arrival and the
+GEMM's producer waits for a tile's rows (csrc/common/arrivals.cuh)."""
 
 from __future__ import annotations
 
