@@ -57,12 +57,16 @@ class OnDemandTileScheduler
     uint64_t timeout_ns = 0;
   };
 
-  struct Params : Base::Params {
+  struct Tickets {
     uint32_t* counter = nullptr;  // null: static strides
     Mailbox* mailboxes = nullptr;
     uint64_t mailbox_clusters = 0;
     int* status = nullptr;
     uint64_t timeout_ns = 0;
+  };
+
+  struct Params : Base::Params {
+    Tickets tickets;
   };
 
   static constexpr size_t kCounterBytes = 128;
@@ -84,13 +88,14 @@ class OnDemandTileScheduler
     static_cast<typename Base::Params&>(params) = Base::to_underlying_arguments(
         problem_shapes, tile_shape, cluster_shape, hw_info, arguments, workspace, epilogue_subtile,
         ktile_start_alignment_count);
+    Tickets& tickets = params.tickets;
     if (arguments.on_demand && workspace != nullptr) {
-      params.counter = static_cast<uint32_t*>(workspace);
-      params.mailboxes = reinterpret_cast<Mailbox*>(static_cast<char*>(workspace) + kCounterBytes);
-      params.mailbox_clusters = static_cast<uint64_t>(hw_info.sm_count) / kClusterSize + 1;
+      tickets.counter = static_cast<uint32_t*>(workspace);
+      tickets.mailboxes = reinterpret_cast<Mailbox*>(static_cast<char*>(workspace) + kCounterBytes);
+      tickets.mailbox_clusters = static_cast<uint64_t>(hw_info.sm_count) / kClusterSize + 1;
     }
-    params.status = arguments.status;
-    params.timeout_ns = arguments.timeout_ns;
+    tickets.status = arguments.status;
+    tickets.timeout_ns = arguments.timeout_ns;
     return params;
   }
 
@@ -119,7 +124,7 @@ class OnDemandTileScheduler
   OnDemandTileScheduler() = default;
 
   CUTLASS_DEVICE OnDemandTileScheduler(Params const& params, SchedulerResponse* response)
-      : Base(params, response), params_(params) {
+      : Base(params, response), tickets_(params.tickets) {
 #if defined(__CUDA_ARCH__)
     // The base's first linear index: the CTAs of a cluster are consecutive in it.
     const uint64_t linear = params.raster_order_ == Base::RasterOrder::AlongN
@@ -135,7 +140,7 @@ class OnDemandTileScheduler
   template <class Pipeline, class PipelineState>
   CUTLASS_DEVICE auto advance_to_next_work(Pipeline& pipeline, PipelineState producer_state,
                                            uint32_t advance_count = 1) {
-    if (params_.counter == nullptr) {
+    if (tickets_.counter == nullptr) {
       return Base::advance_to_next_work(pipeline, producer_state, advance_count);
     }
     // Take the ticket once the pipeline has room for its tile: a cluster holds no more tiles
@@ -164,23 +169,23 @@ class OnDemandTileScheduler
   // sized for the SMs), which then ends after its first tile: the tickets cover every later one.
   CUTLASS_DEVICE bool next_ticket(uint32_t& ticket) {
     const uint32_t request = requests_++;
-    if (cluster_ >= params_.mailbox_clusters) return false;
-    Mailbox* boxes = params_.mailboxes + cluster_ * kPeers;
+    if (cluster_ >= tickets_.mailbox_clusters) return false;
+    Mailbox* boxes = tickets_.mailboxes + cluster_ * kPeers;
     const int slot = static_cast<int>(request % kSlots);
     if (rank_ != 0) {
       Mailbox& box = boxes[rank_ - 1];
-      if (!comm::wait_flag(&box.posted[slot], request + 1, params_.timeout_ns, params_.status)) {
+      if (!comm::wait_flag(&box.posted[slot], request + 1, tickets_.timeout_ns, tickets_.status)) {
         return false;
       }
       ticket = box.ticket[slot];
       comm::signal_flag(&box.taken, request + 1);
       return true;
     }
-    ticket = atomicAdd(params_.counter, 1u);
+    ticket = atomicAdd(tickets_.counter, 1u);
     for (int peer = 0; peer < kPeers; ++peer) {
       Mailbox& box = boxes[peer];
       if (request >= kSlots && !comm::wait_flag(&box.taken, request + 1 - kSlots,
-                                                params_.timeout_ns, params_.status)) {
+                                                tickets_.timeout_ns, tickets_.status)) {
         return false;
       }
       box.ticket[slot] = ticket;
@@ -189,7 +194,7 @@ class OnDemandTileScheduler
     return true;
   }
 
-  Params params_;
+  Tickets tickets_;
   uint64_t cluster_ = 0;
   uint64_t clusters_ = 0;
   int rank_ = 0;
