@@ -89,7 +89,7 @@ def run(
 ) -> dict:  # fmt: skip
     """Time forward (schedule + forward) and backward with MoKConfig speed `knobs`; return
     timings, set 0's outputs and, in `extra`, each pass's GPU busy time (harness.Timer.busy_ms;
-    None on CPU)."""
+    None on CPU) and the knobs."""
     step = Step(d, shape, sets, mxfp8=mxfp8, knobs=knobs)
     fwd = timer.measure(step.forward)
     state = step.forward(0)
@@ -99,7 +99,7 @@ def run(
     # One host sync, outside the timings: a capacity overflow or a bad expert id would have
     # made the numbers meaningless, so it fails the measurement instead.
     F.check_status(step.ws)
-    extra = {"gpu_busy_ms": busy}
+    extra = {"gpu_busy_ms": busy, "knobs": knobs}
     return {"fwd": fwd, "bwd": bwd, "outputs": _outputs(state[2], grads), "extra": extra}
 
 
@@ -109,18 +109,18 @@ def _outputs(out, grads) -> dict:
     return {"out": out, **dict(zip(names, grads[:5], strict=True))}
 
 
-def run_bf16(d, timer, shape, sets) -> dict:
-    return run(d, timer, shape, sets, mxfp8=False)
+def run_bf16(d, timer, shape, sets, knobs=None) -> dict:
+    return run(d, timer, shape, sets, mxfp8=False, knobs=knobs)
 
 
-def run_mxfp8(d, timer, shape, sets) -> dict:
-    return run(d, timer, shape, sets, mxfp8=True)
+def run_mxfp8(d, timer, shape, sets, knobs=None) -> dict:
+    return run(d, timer, shape, sets, mxfp8=True, knobs=knobs)
 
 
-def run_bf16_foreground(d, timer, shape, sets) -> dict:
+def run_bf16_foreground(d, timer, shape, sets, knobs=None) -> dict:
     """BF16 with every exchange in the foreground on all SMs (overlap_ctas=0): what running
     them in the background of the shared expert buys, measured in the same run."""
-    return run(d, timer, shape, sets, mxfp8=False, knobs={"overlap_ctas": 0})
+    return run(d, timer, shape, sets, mxfp8=False, knobs={**(knobs or {}), "overlap_ctas": 0})
 
 
 class GraphStep:
@@ -129,10 +129,11 @@ class GraphStep:
     as a CUDA-graphed training step does. What the eager step's host time costs is its time
     minus this one's, measured in the same run."""
 
-    def __init__(self, d: harness.Dist, shape: harness.Shape, sets: list, *, mxfp8: bool):
+    def __init__(self, d: harness.Dist, shape: harness.Shape, sets: list, *, mxfp8: bool,
+                 knobs: dict | None = None):  # fmt: skip
         self.sets = sets
         self.static = harness.Inputs(*(t.clone() for t in dataclasses.astuple(sets[0])))
-        step = Step(d, shape, [self.static], mxfp8=mxfp8)
+        step = Step(d, shape, [self.static], mxfp8=mxfp8, knobs=knobs)
         self.ws = step.ws
         for _ in range(2):  # module load, pointer tables, allocator, cuBLAS heuristics
             step.backward(step.forward(0))
@@ -158,27 +159,28 @@ class GraphStep:
         self.bwd_graph.replay()
 
 
-def run_bf16_graph(d, timer, shape, sets) -> dict:
+def run_bf16_graph(d, timer, shape, sets, knobs=None) -> dict:
     """BF16, each pass replayed from a CUDA graph (GraphStep): the step without host time."""
-    return _run_graph(d, timer, shape, sets, mxfp8=False)
+    return _run_graph(d, timer, shape, sets, mxfp8=False, knobs=knobs)
 
 
-def run_mxfp8_graph(d, timer, shape, sets) -> dict:
+def run_mxfp8_graph(d, timer, shape, sets, knobs=None) -> dict:
     """MXFP8 (routed weights quantized once beforehand), each pass replayed from a CUDA graph."""
-    return _run_graph(d, timer, shape, sets, mxfp8=True)
+    return _run_graph(d, timer, shape, sets, mxfp8=True, knobs=knobs)
 
 
-def _run_graph(d, timer, shape, sets, *, mxfp8: bool) -> dict:
+def _run_graph(d, timer, shape, sets, *, mxfp8: bool, knobs: dict | None = None) -> dict:
     if not d.cuda:
         name = "mok_mxfp8_cg" if mxfp8 else "mok_bf16_cg"
         raise RuntimeError(f"{name} replays CUDA graphs: it needs a GPU")
-    step = GraphStep(d, shape, sets, mxfp8=mxfp8)
+    step = GraphStep(d, shape, sets, mxfp8=mxfp8, knobs=knobs)
     fwd = timer.measure(step.forward)
     step.forward(0)
     bwd = timer.measure(step.backward)
     step.backward(0)
     F.check_status(step.ws)  # outside the timings, as in run()
-    return {"fwd": fwd, "bwd": bwd, "outputs": _outputs(step.state[2], step.grads)}
+    return {"fwd": fwd, "bwd": bwd, "outputs": _outputs(step.state[2], step.grads),
+            "extra": {"knobs": knobs}}  # fmt: skip
 
 
 # ------------------------------------------------------------------- shared by the profilers

@@ -83,7 +83,8 @@ OPTIONAL = (
     "baseline_tflops",  # gemm:<problem>: torch._grouped_mm's rate on the same problem
     "check",  # {"vs_baseline" | "vs_dense": {tensor: {"max_abs", "rel_l1"}}}
     "note",  # why a measurement has no numbers (error, skipped), or what it was (mok tune's point)
-    "config",  # mok_<precision>_tune: the MoKConfig of the point (mok tune)
+    "config",  # the MoKConfig fields a mok system ran with: mok tune's point, or the knobs of
+    # mok bench --config (absent: the defaults)
 )
 
 
@@ -195,6 +196,8 @@ def _step_rows(record: dict, ctx: dict, baseline: dict | None) -> list[dict]:
         row["gpu_busy_ms"] = (record.get("gpu_busy_ms") or {}).get(phase)
         row["check"] = _check(record, phase)
         row["note"] = note
+        if record.get("knobs") is not None:
+            row["config"] = record["knobs"]
         rows.append(row)
     return rows
 

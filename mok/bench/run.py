@@ -18,6 +18,7 @@ skipped).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import traceback
 from pathlib import Path
@@ -29,15 +30,17 @@ import torch.nn.functional as F
 from mok.bench import harness, mok_step, results, standard_path
 from mok.bench.floors import measure_floors
 from mok.bench.progress import Progress
+from mok.config import MoKConfig
 
-SYSTEMS = {
-    standard_path.NAME: standard_path.run,
+# mok's systems take the run's --config knobs (None: MoKConfig's defaults).
+MOK_SYSTEMS = {
     "mok_bf16": mok_step.run_bf16,
     "mok_bf16_fg": mok_step.run_bf16_foreground,
     "mok_mxfp8": mok_step.run_mxfp8,
     "mok_bf16_cg": mok_step.run_bf16_graph,
     "mok_mxfp8_cg": mok_step.run_mxfp8_graph,
 }
+SYSTEMS = {standard_path.NAME: standard_path.run, **MOK_SYSTEMS}
 # Systems that need a GPU: left out of --smoke's default systems.
 GPU_ONLY = ("mok_bf16_cg", "mok_mxfp8_cg")
 CHECKED = ("out", "d_x", "d_rw", "d_gate", "d_up", "d_down")
@@ -57,6 +60,9 @@ def add_arguments(p: argparse.ArgumentParser, *, out_required: bool = True) -> N
     p.add_argument("--deadline-s", type=float, default=150.0, help="skip what starts later")
     p.add_argument("--timeout-s", type=float, default=120.0, help="collective timeout")
     p.add_argument("--chart", type=Path, help="also draw the run's chart into this PNG")
+    p.add_argument("--config", type=Path,
+                   help="a MoKConfig JSON (mok tune's config.json): the mok systems run with its "
+                        "knobs; its schedule_capacity_multiplier is the run's own")  # fmt: skip
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -81,7 +87,22 @@ def resolve(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Na
     args.budget_s = args.budget_s if args.budget_s is not None else (0.0 if args.smoke else 2.0)
     args.max_iters = args.max_iters or (1 if args.smoke else 50)
     args.warmup_s = 0.0 if args.smoke else args.warmup_s
+    args.knobs = config_knobs(p, args.config)
     return args
+
+
+def config_knobs(p: argparse.ArgumentParser, path: Path | None) -> dict | None:
+    """The knobs of the MoKConfig JSON at `path` that the mok systems take (every field but the
+    schedule capacity, which the run sets for its EP), or None without one."""
+    if path is None:
+        return None
+    try:
+        config = MoKConfig.from_json(path)
+    except (OSError, ValueError, TypeError) as error:
+        p.error(f"--config {path}: {error}")
+    knobs = dataclasses.asdict(config)
+    del knobs["schedule_capacity_multiplier"]
+    return knobs
 
 
 def dense_reference(d: harness.Dist, shape: harness.Shape, inputs: harness.Inputs) -> dict:
@@ -153,7 +174,10 @@ class Session:
     def measure(self, system: str, shape: harness.Shape) -> dict:
         d = self.d
         sets = [harness.make_inputs(shape, d, i) for i in range(self.args.sets)]
-        result = SYSTEMS[system](d, self.timer, shape, sets)
+        if system in MOK_SYSTEMS:
+            result = MOK_SYSTEMS[system](d, self.timer, shape, sets, knobs=self.args.knobs)
+        else:
+            result = SYSTEMS[system](d, self.timer, shape, sets)
         outputs, check = result["outputs"], {}
         if system == standard_path.NAME:
             self.baseline[shape.name] = outputs

@@ -64,6 +64,48 @@ def test_bench_runs_alone_and_writes_rows_table_and_chart(tmp_path):
     assert _png(tmp_path / "mok-bench" / "chart.png")
 
 
+def test_bench_runs_mok_with_the_knobs_of_a_config(tmp_path):
+    """`mok bench --config` (mok tune's config.json): the mok systems run with its knobs and
+    their rows carry them; the baseline's rows do not; the run sets the schedule capacity."""
+    tuned = MoKConfig(overlap_ctas=0, minibatch_size=512, schedule_capacity_multiplier=3.0)
+    (tmp_path / "config.json").write_text(tuned.to_json())
+    done = run_mok("bench", "--smoke", "--shapes", "tiny", "--systems", "nccl_torch", "mok_bf16",
+                   "--config", "config.json", "--no-chart", cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [json.loads(line) for line in (tmp_path / "mok-bench" / "results.jsonl").open()]
+    configs = {r["system"]: r.get("config") for r in rows if r["pass"] == "fwd"}
+    assert configs["nccl_torch"] is None
+    assert configs["mok_bf16"]["overlap_ctas"] == 0 and configs["mok_bf16"]["minibatch_size"] == 512
+    assert "schedule_capacity_multiplier" not in configs["mok_bf16"]
+
+
+def test_bench_names_a_config_it_cannot_read(tmp_path):
+    (tmp_path / "bad.json").write_text('{"minibatch_size": 100}')
+    for path, message in (("missing.json", "No such file"), ("bad.json", "`minibatch_size`")):
+        done = run_mok("bench", "--smoke", "--config", path, cwd=tmp_path)
+        assert done.returncode == 2
+        assert f"mok bench: error: --config {path}: " in done.stderr and message in done.stderr
+
+
+@pytest.mark.parametrize("system", ["mok_bf16", "mok_bf16_fg", "mok_mxfp8", "mok_bf16_cg",
+                                    "mok_mxfp8_cg"])  # fmt: skip
+def test_every_mok_system_hands_its_knobs_to_the_step(monkeypatch, system):
+    from mok.bench import mok_step, run
+
+    class Built(Exception):
+        pass
+
+    def step(*args, knobs=None, **options):
+        raise Built(knobs)
+
+    monkeypatch.setattr(mok_step, "Step", step)
+    monkeypatch.setattr(mok_step, "GraphStep", step)
+    gpu = type("Dist", (), {"cuda": True})()
+    with pytest.raises(Built) as built:
+        run.MOK_SYSTEMS[system](gpu, None, None, [], knobs={"minibatch_size": 512})
+    assert built.value.args[0]["minibatch_size"] == 512
+
+
 class _Runner:
     """A stand-in for a group: the time and the output bits of each config are given."""
 
