@@ -37,6 +37,8 @@ from pathlib import Path
 
 TABLE = Path("benchmarks") / "results.jsonl"  # the committed table, from the repository root
 BASELINE = "nccl_torch"
+# mok's systems that run with the run's knobs alone (MoKConfig's defaults, or mok bench --config).
+TUNABLE = ("mok_bf16", "mok_mxfp8", "mok_bf16_cg", "mok_mxfp8_cg")
 PASSES = ("fwd", "bwd")
 # The outputs each pass produces, as run.py's checks name them.
 CHECKED = {"fwd": ("out",), "bwd": ("d_x", "d_rw", "d_gate", "d_up", "d_down")}
@@ -270,10 +272,21 @@ def card(row: dict) -> str:
     return row["gpu"] or "CPU"
 
 
+def tuned_runs(rows: list[dict]) -> set[str]:
+    """The dates of the runs whose mok systems ran with `mok bench --config` knobs (mok_bf16_fg
+    always sets its one knob, so its rows do not count)."""
+    return {r["date"] for r in rows if r.get("config") and r["system"] in TUNABLE}
+
+
 def latest_runs(rows: list[dict], gpu: str | None = None) -> dict[tuple, list[dict]]:
-    """{(gpu, ep): the rows of the newest run that measured the baseline on that GPU and EP}."""
+    """{(gpu, ep): the rows of the newest run that measured the baseline on that GPU and EP
+    with mok's default knobs}: the standings are the defaults'; a --config run is an
+    experiment beside them."""
     newest: dict[tuple, str] = {}
+    tuned = tuned_runs(rows)
     for row in rows:
+        if row["date"] in tuned:
+            continue
         if row["system"] == BASELINE and (gpu is None or card(row) == gpu):
             key = (card(row), row["ep"])
             newest[key] = max(newest.get(key, ""), row["date"])
