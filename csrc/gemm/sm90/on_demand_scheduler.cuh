@@ -71,9 +71,13 @@ class OnDemandTileScheduler
 
   static constexpr size_t kCounterBytes = 128;
 
+  // Clusters with a mailbox: every cluster a grid of `sm_count` CTAs can hold.
+  static uint64_t mailbox_clusters(int sm_count) {
+    return static_cast<uint64_t>(sm_count > 0 ? sm_count : 0) / kClusterSize + 1;
+  }
+
   static size_t workspace_bytes(int sm_count) {
-    const size_t clusters = static_cast<size_t>(sm_count > 0 ? sm_count : 0) / kClusterSize + 1;
-    return kCounterBytes + clusters * kPeers * sizeof(Mailbox);
+    return kCounterBytes + mailbox_clusters(sm_count) * kPeers * sizeof(Mailbox);
   }
 
   template <class TileShape, class ClusterShape>
@@ -92,7 +96,7 @@ class OnDemandTileScheduler
     if (arguments.on_demand && workspace != nullptr) {
       tickets.counter = static_cast<uint32_t*>(workspace);
       tickets.mailboxes = reinterpret_cast<Mailbox*>(static_cast<char*>(workspace) + kCounterBytes);
-      tickets.mailbox_clusters = static_cast<uint64_t>(hw_info.sm_count) / kClusterSize + 1;
+      tickets.mailbox_clusters = mailbox_clusters(hw_info.sm_count);
     }
     tickets.status = arguments.status;
     tickets.timeout_ns = arguments.timeout_ns;
