@@ -57,7 +57,7 @@ class MoKConfig:
 
     None of them changes a bit of the results; the two experimental ones were slower on every
     GPU measured (docs/grouped-gemm.md). `overlap_dispatch` is off: on 1× H100 at EP 1 it is
-    level with the pull alone at its best knobs and slower at the defaults (docs/overlap.md;
+    no faster than the pull alone at its best knobs and slower at the defaults (docs/overlap.md;
     `mok tune` sweeps it with them). mok.functional's eager passes read them
     from the config, and under torch.compile, where the passes run inside the original's fused
     ops, it hands them the config as their optional `mok_config` (to_json text); an op called in
