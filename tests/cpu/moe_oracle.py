@@ -4,11 +4,12 @@
   out[t] = shared(x_t) + sum_k rw[t, k] * expert_{e(t, k)}(x_t), SwiGLU experts
   W_d (silu(min(W_g x, L)) * clamp(W_u x, -L, L)), expert e on rank e // E; gradients by
   torch.autograd. What bf16 storage costs is the tolerance of the tests that use it.
-- `rounded(name, ep)`: the same math in float64, but rounded to bf16 and MX-quantized exactly
-  where the table in mok/backends/reference_experts.py says a kernel stores or quantizes a
-  tensor, with the routed rows of each expert in the documented schedule order (MXFP8 weight
-  gradients quantize blocks of 32 schedule rows). What is left is fp32-vs-float64 accumulation,
-  so the tests that use it are tight. It is the contract a CUDA kernel is held to.
+- `rounded(name, ep)`: the same math in float64, but rounded to bf16 (fp32 for d_h and the
+  router-scaled d_h the SwiGLU backward reads) and MX-quantized exactly where the table in
+  mok/experts.py says a kernel stores or quantizes a tensor, with the routed rows of each expert
+  in the documented schedule order (MXFP8 weight gradients quantize blocks of 32 schedule rows).
+  What is left is fp32-vs-float64 accumulation, so the tests that use it are tight. It is
+  the contract a CUDA kernel is held to.
 
 Each oracle returns, per rank, {"out": [T, H], "grads": {name: tensor}} in float64 (GRAD_NAMES;
 None for an absent shared expert).
@@ -117,6 +118,11 @@ def bf16(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.bfloat16).double()
 
 
+def fp32(t: torch.Tensor) -> torch.Tensor:
+    """Round to fp32 (a tensor the table keeps in fp32), keep computing in float64."""
+    return t.float().double()
+
+
 def mx(t: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """MXFP8 quantize-dequantize along `dim` (OCP MX, DESIGN.md §4): per 32 elements a scale
     2^clamp(ceil(log2(amax / 448)), -127, 127), elements E4M3 round-to-nearest-even, saturated.
@@ -178,15 +184,16 @@ def _expert_backward(x, d_out, rw, saved, weights, limit, q):
     """(d_x, d_rw, d_W_gate, d_W_up, d_W_down) of one expert's rows (schedule order)."""
     gate, up, hidden, _ = saved
     gate_w, up_w, down_w = weights
-    d_h = q(d_out) @ q(down_w.T).T
+    d_h = fp32(q(d_out) @ q(down_w.T).T)
     hidden_rows = q(hidden, 0)
     d_rw = (d_h * hidden_rows).sum(-1)
     saved_gate, saved_up = q(gate), q(up)
     if q is mx and limit is not None:  # the saved pairs keep their side of the clamp
         saved_gate, saved_up = mx_saved(gate, limit, False), mx_saved(up, limit, True)
-    d_gate, d_up = (bf16(d) for d in _swiglu_vjp(saved_gate, saved_up, rw[:, None] * d_h, limit))
+    d_scaled = fp32(rw[:, None] * d_h)
+    d_gate, d_up = (bf16(d) for d in _swiglu_vjp(saved_gate, saved_up, d_scaled, limit))
     d_x = bf16(q(d_gate) @ q(gate_w.T).T + q(d_up) @ q(up_w.T).T)
-    if q is _keep:  # BF16 scales hidden's rows, MXFP8 d_out's (reference_experts' table)
+    if q is _keep:  # BF16 scales hidden's rows, MXFP8 d_out's (the table in mok/experts.py)
         d_w_down = d_out.T @ bf16(rw[:, None] * hidden)
     else:
         d_w_down = q(bf16(rw[:, None] * d_out), 0).T @ hidden_rows

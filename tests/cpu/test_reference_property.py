@@ -12,7 +12,7 @@ of a gloo group of processes (test_one_device_group.py) without spawning one per
 from __future__ import annotations
 
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from moe_oracle import mismatch, rounded_for
 from moe_scenarios import (
@@ -77,6 +77,9 @@ def _problems(name: str, actual: list, expected: list) -> list[str]:
     tokens=st.integers(1, 24),
     seed=st.integers(0, 2**31 - 1),
 )
+# Found by a local run: the oracle kept d_h in float64 where mok keeps it in fp32, a rounding
+# point downstream went the other way and, through an MX block of d_gate, moved a d_x row 2%.
+@example(scenario=Scenario("mxfp8", False, False, "skewed"), ep=3, tokens=21, seed=2177154)
 def test_a_step_matches_the_rounding_points(scenario, ep, tokens, seed):
     inputs = inputs_for(scenario, ep, seed, tokens)
     got = _run(scenario, ep, tokens, inputs)
