@@ -248,11 +248,18 @@ def forward_mxfp8(x_rounded, weights, gemm, limit):
     pairs (blocks along rows, for the weight gradients) and gate_q/up_q normal pairs.
     """
     w_gate, w_up, w_down = weights
+    saved, hidden_q = saved_mxfp8(x_rounded, w_gate, w_up, gemm, limit)
+    y = gemm.linear(hidden_q, w_down).to(torch.bfloat16)
+    return *saved, y
+
+
+def saved_mxfp8(x_rounded, w_gate, w_up, gemm, limit):
+    """The MXFP8 forward up to the down GEMM (what a backward recomputes of the rows the
+    forward did not keep: mok.macrobatch): ((x_t, gate_q, up_q, hidden_t), hidden_q)."""
     xq, x_t = x_rounded
     gate, up = (t.to(torch.bfloat16) for t in gemm.linears(xq, (w_gate, w_up)))
     hidden_q, hidden_t, gate_q, up_q = gemm.swiglu_mxfp8(gate, up, limit)
-    y = gemm.linear(hidden_q, w_down).to(torch.bfloat16)
-    return x_t, gate_q, up_q, hidden_t, y
+    return (x_t, gate_q, up_q, hidden_t), hidden_q
 
 
 def backward_bf16(d_out_rows, rw_rows, x_rows, gate, up, hidden, weights, gemm, limit,

@@ -253,7 +253,7 @@ def forward(
         engine = backends.engine(ws, config)
         x_read = engine.use_sources({Buffer.X: x})[Buffer.X]
         saved, _, shared_out = passes.forward(
-            engine, x_read, shared, routed, schedule, swiglu_limit, mxfp8
+            engine, x_read, shared, routed, schedule, swiglu_limit, mxfp8, config.macrobatch_size
         )
         kept = engine.kept
     (x_routed, gate, up, hidden), (gate_s, up_s, hidden_s, y_shared) = saved, shared_out
@@ -335,7 +335,7 @@ def backward(
         mxfp8 = validate_inputs(*args, backward=True)
         check_type("forward_context", forward_context, MoKForwardContext)
         _check_context(forward_context, schedule, ws, routed_gate_weights, shared_gate_weights,
-                       mxfp8)  # fmt: skip
+                       mxfp8, config.macrobatch_size)  # fmt: skip
         check_tensor("grad_output", grad_output, dtype=torch.bfloat16,
                      shape=(ws.num_local_tokens, ws.hidden_size), dims=("T", "H"),
                      device=ws.device)  # fmt: skip
@@ -347,7 +347,8 @@ def backward(
     else:
         engine = backends.engine(ws, config)
         out = _backward_pass(engine, schedule, forward_context, grad_output, x,
-                             router_weights, shared, routed, swiglu_limit, mxfp8)  # fmt: skip
+                             router_weights, shared, routed, swiglu_limit, mxfp8,
+                             config.macrobatch_size)  # fmt: skip
         kept = engine.kept
     epilogue = _eager_backend_or(ops.bwd_epilogue, "bwd_epilogue", ws.device)
     routed_rows, in_place = _combined(ws, schedule, kept, Buffer.D_X_ROUTED)
@@ -360,7 +361,7 @@ def backward(
 
 
 def _backward_pass(engine, schedule, ctx, grad_output, x, router_weights, shared, routed,
-                   limit, mxfp8):  # fmt: skip
+                   limit, mxfp8, macrobatch_size):  # fmt: skip
     """mok.passes.backward on the workspace's `engine`; its inputs are copied into its buffers,
     or read in place at EP 1 (`use_sources`)."""
     inputs = {Buffer.D_Y: grad_output, Buffer.ROUTER_WEIGHT: router_weights, Buffer.X: x}
@@ -368,12 +369,14 @@ def _backward_pass(engine, schedule, ctx, grad_output, x, router_weights, shared
     saved = (ctx.x_routed, ctx.gate_routed, ctx.up_routed, ctx.hidden_routed)
     shared_saved = None if shared is None else (ctx.gate_shared, ctx.up_shared, ctx.hidden_shared)
     return passes.backward(engine, read[Buffer.D_Y], shared, routed, saved, shared_saved,
-                           read[Buffer.X], schedule, limit, mxfp8)  # fmt: skip
+                           read[Buffer.X], schedule, limit, mxfp8,
+                           macrobatch_size)  # fmt: skip
 
 
-def _check_context(ctx, schedule, ws, routed_gate_weights, shared_gate_weights, mxfp8) -> None:
+def _check_context(ctx, schedule, ws, routed_gate_weights, shared_gate_weights, mxfp8,
+                   macrobatch_size) -> None:  # fmt: skip
     """The context against this backward: made with this schedule and workspace (when it says),
-    its tensors of this step's shapes."""
+    its tensors of this step's shapes (routed: the rows forward kept, mok.macrobatch)."""
     for name, given in (("schedule", schedule), ("workspace", ws)):
         made_with = getattr(ctx, name)
         if made_with is not None and made_with is not given:
@@ -382,7 +385,8 @@ def _check_context(ctx, schedule, ws, routed_gate_weights, shared_gate_weights, 
                 "that forward ran with"
             )
     gate = routed_gate_weights[0] if mxfp8 else routed_gate_weights
-    sizes = (schedule.peer_rank.shape[0], ws.num_local_tokens, ws.hidden_size, gate.shape[1])
+    rows = min(schedule.peer_rank.shape[0], macrobatch_size)
+    sizes = (rows, ws.num_local_tokens, ws.hidden_size, gate.shape[1])
     saved = [getattr(ctx, name) for name in _moe_arguments.SAVED_FIELDS]
     _moe_arguments.check_saved(saved, prefix="forward_context.", mxfp8=mxfp8,
                           shared=shared_gate_weights is not None, sizes=sizes,

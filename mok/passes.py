@@ -44,7 +44,7 @@ backward, of the saved activations. The results do not depend on it.
 
 from __future__ import annotations
 
-from mok import experts
+from mok import experts, macrobatch
 from mok.workspace import Buffer
 
 # Of the shared expert's GEMMs only the backward's hide exchanges: its phases (data gradients
@@ -92,10 +92,11 @@ def _send_home(engine, pushes, schedule, background: bool = False) -> None:
     engine.push_all(pushes, schedule, background=background)
 
 
-def forward(engine, x, shared, routed, schedule, limit, mxfp8: bool):
+def forward(engine, x, shared, routed, schedule, limit, mxfp8: bool, macrobatch_size: int):
     """`schedule` is a MoKSchedule, `shared` (gate, up, down) or None, `routed` the routed
     weights in their mode's form (mok.functional.forward). Returns (routed saved tensors,
     y_routed, shared (gate, up, hidden, y)); fills combine_buffer (or keeps y: `_send_home`).
+    The saved tensors keep at most `macrobatch_size` rows (mok.macrobatch's ring).
 
     The shared expert goes first: it needs nothing from the exchange, so its GEMMs keep the GPU
     busy while the host enqueues the routed stages.
@@ -121,11 +122,33 @@ def forward(engine, x, shared, routed, schedule, limit, mxfp8: bool):
         saved = [x_rows, gate, up, hidden]
     _send_home(engine, [(y, Buffer.COMBINE)], schedule)
     engine.hand_back_pushed()
+    saved = macrobatch.keep(tuple(saved), schedule.num_tokens, macrobatch_size, mxfp8)
     return saved, y, shared_out
 
 
-def backward(engine, d_y, shared, routed, saved, shared_saved, x, schedule, limit, mxfp8: bool):
+def _every_row(engine, saved, routed, schedule, limit, mxfp8: bool, macrobatch_size: int):
+    """The saved routed values of every schedule row: as saved where the forward kept them all,
+    else its ring's rows after the rows before them, computed again (mok.macrobatch). The
+    recomputing pull is the pass's first, with its barrier (x is in x_buffer again)."""
+    rows = schedule.as_tuple()
+    if not macrobatch.rings(rows[0].shape[0], macrobatch_size):
+        return saved
+    before = macrobatch.cut(rows, macrobatch_size)
+    gemm = engine.routed_gemms(before, before[3].shape[0])
+    if mxfp8:
+        x_rounded = engine.pull_rounded(Buffer.X, before, gemm, sync=(True, False))()
+        w_gate, w_up = (gemm.mx_weight(w[:2]) for w in routed[:2])
+        recomputed = experts.saved_mxfp8(x_rounded, w_gate, w_up, gemm, limit)[0]
+    else:
+        x_rows = engine.pull(Buffer.X, before, sync=(True, False))
+        recomputed = (x_rows, *gemm.gate_up_swiglu(x_rows, routed[0], routed[1], limit))
+    return macrobatch.restore(recomputed, saved, rows[2], macrobatch_size, mxfp8)
+
+
+def backward(engine, d_y, shared, routed, saved, shared_saved, x, schedule, limit, mxfp8: bool,
+             macrobatch_size: int):  # fmt: skip
     """One backward pass; pushes d_x rows and router-weight gradients to the source ranks.
+    `saved` is what forward returned with the same `macrobatch_size`.
 
     With a large shared expert, the pulls run in the background of its data gradients and the
     pushes in the background of its weight gradients and of the routed weight gradients'
@@ -138,6 +161,7 @@ def backward(engine, d_y, shared, routed, saved, shared_saved, x, schedule, limi
     d_w_shared_down, d_w_routed_down); d_y_routed: the d_out rows the d_h GEMM read (MXFP8:
     their q_H rounding).
     """
+    saved = _every_row(engine, saved, routed, schedule, limit, mxfp8, macrobatch_size)
     overlap = overlaps_shared(shared, engine.topk)
     rows = schedule.as_tuple()
     gemm = engine.routed_gemms(rows, rows[3].shape[0])

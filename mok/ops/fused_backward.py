@@ -97,7 +97,7 @@ def dispatch_mlp_swiglu_combine_bwd_bf16(
                  d_x_routed_buffer_ptrs=d_x_routed_buffer_ptrs)  # fmt: skip
     saved = (x_routed, gate_shared, gate_routed, up_shared, up_routed, hidden_shared,
              hidden_routed)  # fmt: skip
-    _check_saved(saved, x, schedule, w_routed_gate, w_shared_gate, mxfp8=False)
+    _check_saved(saved, x, schedule, w_routed_gate, w_shared_gate, macrobatch_size, mxfp8=False)
     return _backward(
         (d_y_buffer, router_weight_buffer),
         (d_x_routed_buffer, d_router_weight_buffer),
@@ -190,7 +190,9 @@ def dispatch_mlp_swiglu_combine_bwd_mxfp8(
     )
     in_context_order = (saved[0], gate_shared, saved[1], up_shared, saved[2], hidden_shared,
                         saved[3])  # fmt: skip
-    _check_saved(in_context_order, x, schedule, w_routed_gate, w_shared_gate, mxfp8=True)
+    _check_saved(
+        in_context_order, x, schedule, w_routed_gate, w_shared_gate, macrobatch_size, mxfp8=True
+    )
     outputs = _backward(
         (d_y_buffer, router_weight_buffer),
         (d_x_routed_buffer, d_router_weight_buffer),
@@ -225,9 +227,12 @@ def _with_pairs(outputs, quantize: bool) -> tuple[Tensor, ...]:
     return tuple(t for i, v in enumerate(outputs) for t in pairs.get(i, (v,)))
 
 
-def _check_saved(saved, x, schedule, w_routed_gate, w_shared_gate, *, mxfp8: bool) -> None:
-    """The forward's saved tensors (MoKForwardContext's order) against this pass."""
-    sizes = (schedule[0].shape[0], x.shape[0], x.shape[1], w_routed_gate.shape[1])
+def _check_saved(saved, x, schedule, w_routed_gate, w_shared_gate, macrobatch_size, *,
+                 mxfp8: bool) -> None:  # fmt: skip
+    """The forward's saved tensors (MoKForwardContext's order) against this pass: routed rows
+    as the forward kept them (mok.macrobatch's ring)."""
+    rows = min(schedule[0].shape[0], macrobatch_size)
+    sizes = (rows, x.shape[0], x.shape[1], w_routed_gate.shape[1])
     _moe_arguments.check_saved(saved, prefix="", mxfp8=mxfp8, shared=w_shared_gate is not None,
                           sizes=sizes, device=x.device)  # fmt: skip
 
@@ -244,9 +249,8 @@ def _backward(
     if shared is None:
         shared_saved = None
     schedule = op_schedule(schedule, x, x_ptrs, topk)
-    outputs = passes.backward(
-        engine, grads[0], shared, routed, saved, shared_saved, x, schedule, limit, mxfp8
-    )
+    outputs = passes.backward(engine, grads[0], shared, routed, saved, shared_saved, x,
+                              schedule, limit, mxfp8, edge[1].macrobatch_size)  # fmt: skip
     return present(outputs, x)
 
 

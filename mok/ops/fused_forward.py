@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.library import custom_op
 
-from mok import _moe_arguments, backends, passes
+from mok import _moe_arguments, backends, macrobatch, passes
 from mok._arguments import check_multiple, check_range, check_tensor
 from mok.backends.reference.exchange import resolve_group
 from mok.config import MoKConfig
@@ -127,7 +127,8 @@ def dispatch_mlp_swiglu_combine_fwd_bf16(
     mok_config: str = "",
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """BF16 forward. Outputs: x_routed, gate_shared, gate_routed, up_shared, up_routed,
-    hidden_shared, hidden_routed, y_shared, y_routed (routed: bf16 [C, H] / [C, I])."""
+    hidden_shared, hidden_routed, y_shared, y_routed (routed: bf16 [R, H] / [R, I], R =
+    min(C, macrobatch_size): the ring of mok.macrobatch)."""
     schedule = (schedule_peer_rank, schedule_peer_token_idx, num_tokens, tokens_per_expert)
     routed = (w_routed_gate, w_routed_up, w_routed_down)
     shared_weights = (w_shared_gate, w_shared_up, w_shared_down)
@@ -158,7 +159,9 @@ def _forward(x_and_ptrs, combine_and_ptrs, shared_weights, routed, schedule, top
     engine = backends.for_device(x.device).op_engine(buffers, x_ptrs, topk, group_name, config)
     shared = _shared(*shared_weights)
     schedule = op_schedule(schedule, x, x_ptrs, topk)
-    return passes.forward(engine, x, shared, routed, schedule, swiglu_limit, mxfp8)
+    saved, y, shared_out = passes.forward(engine, x, shared, routed, schedule, swiglu_limit,
+                                          mxfp8, macrobatch_size)  # fmt: skip
+    return saved, macrobatch.keep_rows(y, schedule.num_tokens, macrobatch_size), shared_out
 
 
 def op_schedule(schedule, x, x_ptrs, topk) -> MoKSchedule:
@@ -177,7 +180,7 @@ def _shared(gate, up, down):
 @dispatch_mlp_swiglu_combine_fwd_bf16.register_fake
 def _(x, x_ptrs, combine_buffer, combine_buffer_ptrs, w_shared_gate, w_routed_gate, *rest,
       **options):  # fmt: skip
-    capacity, inter = rest[4].shape[0], w_routed_gate.shape[1]
+    capacity, inter = _ring_rows(rest, 4, options), w_routed_gate.shape[1]
     shared = w_shared_gate is not None
     routed_i = x.new_empty((capacity, inter))
     shared_i = x.new_empty((x.shape[0], inter) if shared else (0,))
@@ -193,6 +196,15 @@ def _(x, x_ptrs, combine_buffer, combine_buffer_ptrs, w_shared_gate, w_routed_ga
         y_s,
         x.new_empty((capacity, x.shape[1])),
     )
+
+
+def _ring_rows(rest, peer_rank_at: int, options) -> int:
+    """Rows of a fake forward's routed outputs: the schedule's, at most the macrobatch's (the
+    argument 7 places after peer_rank in `rest`, unless given by keyword)."""
+    macrobatch_size = options.get("macrobatch_size", None)
+    if macrobatch_size is None:
+        macrobatch_size = rest[peer_rank_at + 7]
+    return min(rest[peer_rank_at].shape[0], macrobatch_size)
 
 
 def _like(t):
@@ -245,9 +257,10 @@ def dispatch_mlp_swiglu_combine_fwd_mxfp8(
     Tensor,
     Tensor,
 ]:
-    """MXFP8 forward. Outputs: x_fp8_t_routed [H, C], x_sc_t_routed, gate_shared,
-    gate_fp8_routed [C, I], gate_sc_routed, up_shared, up_fp8_routed, up_sc_routed,
-    hidden_shared, hidden_fp8_t_routed [I, C], hidden_sc_t_routed, y_shared, y_routed."""
+    """MXFP8 forward. Outputs: x_fp8_t_routed [H, R], x_sc_t_routed, gate_shared,
+    gate_fp8_routed [R, I], gate_sc_routed, up_shared, up_fp8_routed, up_sc_routed,
+    hidden_shared, hidden_fp8_t_routed [I, R], hidden_sc_t_routed, y_shared, y_routed [R, H]
+    (R = min(C, macrobatch_size): the ring of mok.macrobatch)."""
     schedule = (schedule_peer_rank, schedule_peer_token_idx, num_tokens, tokens_per_expert)
     routed = (
         (w_routed_gate, w_routed_gate_sc),
@@ -267,7 +280,7 @@ def dispatch_mlp_swiglu_combine_fwd_mxfp8(
 @dispatch_mlp_swiglu_combine_fwd_mxfp8.register_fake
 def _(x, x_ptrs, combine_buffer, combine_buffer_ptrs, w_shared_gate, w_routed_gate, *rest,
       **options):  # fmt: skip
-    capacity, inter, hidden = rest[7].shape[0], w_routed_gate.shape[1], x.shape[1]
+    capacity, inter, hidden = _ring_rows(rest, 7, options), w_routed_gate.shape[1], x.shape[1]
     shared = x.new_empty((x.shape[0], inter) if w_shared_gate is not None else (0,))
 
     def pair(rows, cols):

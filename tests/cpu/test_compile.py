@@ -48,9 +48,14 @@ def _step(config, ws, top_experts, x, rw, grad, shared, routed, mxfp8):
     return out, grads
 
 
+@pytest.mark.parametrize("ring", [False, True], ids=["every-row", "ring"])
 @pytest.mark.parametrize("mxfp8", [False, True], ids=["bf16", "mxfp8"])
-def test_fullgraph_step_matches_eager(single_rank_group, mxfp8):
+def test_fullgraph_step_matches_eager(single_rank_group, mxfp8, ring):
+    """With `ring` the traced step saves a 256-row macrobatch (its fused ops return that many
+    routed rows, their fakes say so) and still gives the bits of the eager step that saves every
+    row (mok.macrobatch)."""
     config = F.MoKConfig()
+    traced_config = F.MoKConfig(minibatch_size=256, macrobatch_size=256) if ring else config
     ws = F.create_workspace(
         config,
         single_rank_group,
@@ -63,7 +68,7 @@ def test_fullgraph_step_matches_eager(single_rank_group, mxfp8):
     eager = _step(config, ws, *args.values(), mxfp8)
     torch._dynamo.reset()
     compiled = torch.compile(_step, fullgraph=True, backend="aot_eager")
-    traced = compiled(config, ws, *args.values(), mxfp8)
+    traced = compiled(traced_config, ws, *args.values(), mxfp8)
     flat_eager = [eager[0], *eager[1]]
     flat_traced = [traced[0], *traced[1]]
     for a, b in zip(flat_eager, flat_traced, strict=True):

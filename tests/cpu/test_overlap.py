@@ -9,6 +9,7 @@ import torch
 
 from mok import experts, passes
 from mok.backends.cuda.dense_gemms import sm_carveout
+from mok.config import MoKConfig
 from mok.ops import mxfp8_quantize
 from mok.schedule import MoKSchedule
 from mok.settings import comm_timeout_ns as timeout_ns
@@ -147,10 +148,13 @@ def _run_step(shared_inter: int | None, mxfp8: bool = False) -> RecordingEngine:
     with_shared = shared_inter is not None
     shared = tuple(w[0] for w in _weights(gen, 1, shared_inter)) if with_shared else None
     engine = RecordingEngine()
-    saved, _, shared_out = passes.forward(engine, x, shared, routed_fwd, schedule, None, mxfp8)
+    ring = MoKConfig().macrobatch_size
+    saved, _, shared_out = passes.forward(engine, x, shared, routed_fwd, schedule, None, mxfp8,
+                                          ring)  # fmt: skip
     assert not engine.pending, "forward returned with a background exchange not joined"
     shared_saved = shared_out[:3] if with_shared else None
-    passes.backward(engine, x, shared, routed_bwd, saved, shared_saved, x, schedule, None, mxfp8)
+    passes.backward(engine, x, shared, routed_bwd, saved, shared_saved, x, schedule, None, mxfp8,
+                    ring)  # fmt: skip
     assert not engine.pending, "backward returned with a background exchange not joined"
     return engine
 

@@ -1,0 +1,110 @@
+"""The macrobatch ring (MoKConfig.macrobatch_size): how many routed rows a forward saves.
+
+A forward computes every schedule row, but of the routed activations it saves for the backward
+(x_routed, gate, up, hidden: one row per schedule row) it keeps at most `macrobatch_size` (MB)
+rows, as a ring: slot s holds the last row r < num_tokens with r = s (mod MB), i.e. the rows
+[num_tokens - MB, num_tokens) once the padded rows exceed MB, as a pass over macrobatches of MB
+rows would leave them. The backward recomputes the rows before those (the earlier macrobatches:
+the dispatch of x, the gate/up GEMMs and SwiGLU, on the schedule cut at that row: the same
+kernels on the same rows, so the same bits) and puts the ring's rows back after them. Where the
+schedule has no more rows than MB the ring is the tensors themselves: nothing is copied or
+recomputed. Everything runs on the device; num_tokens is never read on the host.
+
+num_tokens and MB are multiples of 256, so the cut and the ring move whole 128-row tiles of
+MXFP8 scales and whole 32-row blocks of the transposed forms (docs/macrobatch.md).
+"""
+
+from __future__ import annotations
+
+import torch
+
+# MXFP8 scale tensors hold one index per 128 rows along the row axis (mok.mxfp8's swizzle).
+SCALE_ROWS = 128
+# Which saved routed tensors are transposed ([.., C]) in MXFP8 mode, in the saved order
+# (x_routed, gate, up, hidden): x and hidden, whose blocks run along rows.
+TRANSPOSED_IN_MXFP8 = (True, False, False, True)
+
+
+def rings(rows: int, macrobatch: int) -> bool:
+    """Whether a schedule of `rows` rows keeps a ring (more rows than the macrobatch)."""
+    return rows > macrobatch
+
+
+def slot_rows(num_tokens: torch.Tensor, macrobatch: int) -> torch.Tensor:
+    """The schedule row each ring slot holds (int64 [MB]): the last row below num_tokens in the
+    slot's residue class, or the slot itself where there is none (a padding row)."""
+    slot = torch.arange(macrobatch, device=num_tokens.device)
+    last = num_tokens.to(torch.int64) - 1
+    laps = torch.div(last - slot, macrobatch, rounding_mode="floor").clamp(min=0)
+    return laps * macrobatch + slot
+
+
+def cut(schedule: tuple, macrobatch: int) -> tuple:
+    """The schedule tuple (peer_rank, peer_token_idx, num_tokens, tokens_per_expert) cut to the
+    rows before the ring's: num_tokens - MB (at least 0) rows; each expert keeps its segment's
+    start and the part of its rows before the cut."""
+    peer_rank, peer_token_idx, num_tokens, tokens_per_expert = schedule
+    end = (num_tokens - macrobatch).clamp(min=0)
+    ends = torch.cumsum(tokens_per_expert, 0, dtype=torch.int32)
+    starts = ends - tokens_per_expert
+    kept = (ends.clamp(max=end) - starts.clamp(max=end)).to(tokens_per_expert.dtype)
+    return peer_rank, peer_token_idx, end.to(num_tokens.dtype), kept
+
+
+def _index(rows: torch.Tensor, per_index: int) -> torch.Tensor:
+    return rows if per_index == 1 else rows[::per_index] // per_index
+
+
+def _forms(value, transposed: bool):
+    """(tensor, row axis, rows per index) of a saved value: a bf16 tensor, or an MXFP8 pair
+    (its FP8 data as bytes: the index kernels are not built for float8 types)."""
+    axis = 1 if transposed else 0
+    if isinstance(value, torch.Tensor):
+        return [(value, axis, 1)]
+    data, scales = value
+    return [(data.view(torch.uint8), axis, 1), (scales, axis, SCALE_ROWS)]
+
+
+def _transposed(mxfp8: bool) -> tuple[bool, ...]:
+    return TRANSPOSED_IN_MXFP8 if mxfp8 else (False,) * len(TRANSPOSED_IN_MXFP8)
+
+
+def keep(saved: tuple, num_tokens: torch.Tensor, macrobatch: int, mxfp8: bool) -> tuple:
+    """The ring of each saved routed value (x_routed, gate, up, hidden): MB rows each, or the
+    values themselves where they have no more rows than MB."""
+    rows = _row_count(saved[1])
+    if not rings(rows, macrobatch):
+        return tuple(saved)
+    index = slot_rows(num_tokens, macrobatch)
+    kept = []
+    for value, transposed in zip(saved, _transposed(mxfp8), strict=True):
+        forms = _forms(value, transposed)
+        taken = [t.index_select(axis, _index(index, per)) for t, axis, per in forms]
+        if len(taken) == 2:  # an MXFP8 pair: the data back in its type
+            taken[0] = taken[0].view(value[0].dtype)
+        kept.append(taken[0] if len(taken) == 1 else tuple(taken))
+    return tuple(kept)
+
+
+def keep_rows(rows: torch.Tensor, num_tokens: torch.Tensor, macrobatch: int) -> torch.Tensor:
+    """The ring of one [C, N] tensor of routed rows (the fused forward's y_routed)."""
+    if not rings(rows.shape[0], macrobatch):
+        return rows
+    return rows.index_select(0, slot_rows(num_tokens, macrobatch))
+
+
+def restore(recomputed: tuple, ring: tuple, num_tokens: torch.Tensor, macrobatch: int,
+            mxfp8: bool) -> tuple:  # fmt: skip
+    """The saved values of every schedule row: `recomputed` (the rows before the cut, computed
+    again) with the ring's rows written back into their rows, in place."""
+    index = slot_rows(num_tokens, macrobatch)
+    for full, kept, transposed in zip(recomputed, ring, _transposed(mxfp8), strict=True):
+        pairs = zip(_forms(full, transposed), _forms(kept, transposed), strict=True)
+        for (target, axis, per), (source, _, _) in pairs:
+            target.index_copy_(axis, _index(index, per), source)
+    return tuple(recomputed)
+
+
+def _row_count(value) -> int:
+    """Schedule rows of a saved normal-layout value (gate: a bf16 tensor or an MXFP8 pair)."""
+    return (value if isinstance(value, torch.Tensor) else value[0]).shape[0]
