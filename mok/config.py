@@ -33,16 +33,18 @@ class MoKConfig:
     | fwd_num_comm_sms                   | SMs given to dispatch/combine in the forward (even)  |
     | bwd_num_comm_sms                   | SMs given to communication in the backward (even)    |
     | minibatch_size                     | routed rows per arrival counter (multiple of 256)    |
-    | macrobatch_size                    | routed rows in the ring buffer (multiple of minibatch)|
+    | macrobatch_size                    | routed rows saved for backward (multiple of minibatch)|
     | schedule_capacity_multiplier       | routed rows per rank: see schedule_capacity          |
     | all_gather_top_experts_chunk_bytes | chunk of the routing all-gather (multiple of 16)     |
 
     `schedule_capacity_multiplier` sizes the schedule. With `overlap_dispatch` on, the comm
     SM counts are the CTAs of the dispatch pull that runs beside the GEMM reading its rows (at
     most one a minibatch; the GEMM takes the other SMs, and theirs as the pull's CTAs exit) and
-    `minibatch_size` the rows per arrival counter (docs/overlap.md); otherwise, and for
-    `macrobatch_size` and the chunk bytes always, they are checked and passed to the ops as the
-    original's callers expect but change nothing yet. No knob changes a bit of the results.
+    `minibatch_size` the rows per arrival counter (docs/overlap.md); otherwise, and for the
+    chunk bytes always, they are checked and passed to the ops as the original's callers expect
+    but change nothing yet. `macrobatch_size` bounds the routed activations a forward saves: a
+    ring of at most that many rows, the backward recomputing the rows before them
+    (docs/macrobatch.md). No knob changes a bit of the results.
 
     mok adds its own speed knobs after them (keyword arguments; each defaults to its
     environment variable, parsed in mok.settings, so a launcher can still set them there):
