@@ -82,3 +82,21 @@ def test_a_schedule_within_the_macrobatch_keeps_its_tensors_uncopied():
     saved = tuple(torch.zeros(512, 8) for _ in range(4))
     kept = macrobatch.keep(saved, torch.tensor([512], dtype=torch.int32), 512, mxfp8=False)
     assert all(k is s for k, s in zip(kept, saved, strict=True))
+
+
+def test_the_ring_goes_back_into_column_slices_of_one_output():
+    """gate and up may be column slices of one GEMM output: the ring is written into them, in
+    place, not into a copy."""
+    num_tokens, size = torch.tensor([768], dtype=torch.int32), 256
+    both = torch.randn(1024, 256).bfloat16()
+    gate, up = both[:, :128], both[:, 128:]
+    x, hidden = torch.randn(1024, 64).bfloat16(), torch.randn(1024, 128).bfloat16()
+    rows = macrobatch.slot_rows(num_tokens, size)
+    saved = (x, gate, up, hidden)
+    ring = macrobatch.keep(saved, num_tokens, size, mxfp8=False)
+    assert all(torch.equal(r, full[rows]) for r, full in zip(ring, saved, strict=True))
+    blank = torch.zeros_like(both)
+    restored = (torch.zeros_like(x), blank[:, :128], blank[:, 128:], torch.zeros_like(hidden))
+    macrobatch.restore(restored, ring, num_tokens, size, mxfp8=False)
+    assert torch.equal(blank[rows, :128], gate[rows]) and torch.equal(blank[rows, 128:], up[rows])
+    assert not blank[:512].any(), "rows before the ring were written"
