@@ -40,11 +40,12 @@ class MoKConfig:
     `schedule_capacity_multiplier` sizes the schedule. With `overlap_dispatch` on, the comm
     SM counts are the CTAs of the dispatch pull that runs beside the GEMM reading its rows (at
     most one a minibatch; the GEMM takes the other SMs, and theirs as the pull's CTAs exit) and
-    `minibatch_size` the rows per arrival counter (docs/overlap.md); otherwise, and for the
-    chunk bytes always, they are checked and passed to the ops as the original's callers expect
-    but change nothing yet. `macrobatch_size` bounds the routed activations a forward saves: a
-    ring of at most that many rows, the backward recomputing the rows before them
-    (docs/macrobatch.md). No knob changes a bit of the results.
+    `minibatch_size` the rows per arrival counter (docs/overlap.md); otherwise they are checked
+    and passed to the ops as the original's callers expect but change nothing. The chunk bytes
+    are what each CTA of the CUDA routing all-gather copies at a time. `macrobatch_size` bounds
+    the routed activations a forward saves: a ring of at most that many rows, the backward
+    recomputing the rows before them (docs/macrobatch.md). No knob changes a bit of the
+    results.
 
     mok adds its own speed knobs after them (keyword arguments; each defaults to its
     environment variable, parsed in mok.settings, so a launcher can still set them there):

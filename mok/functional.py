@@ -179,10 +179,10 @@ def _all_gather(ws: MoKWorkspace, config: MoKConfig, routing: torch.Tensor) -> t
     out."""
     if ws.ep_size == 1:
         return routing.unsqueeze(0)
-    if not torch.compiler.is_compiling():
-        return backends.for_device(ws.device).gather_routing(ws, routing)
-    buffer = ws.all_gather_top_experts_buffer
     chunk = config.all_gather_top_experts_chunk_bytes
+    if not torch.compiler.is_compiling():
+        return backends.for_device(ws.device).gather_routing(ws, routing, chunk)
+    buffer = ws.all_gather_top_experts_buffer
     ops.all_gather_top_experts(routing, buffer, 0, ws.ep_rank, chunk, ws.group_name)
     return buffer
 

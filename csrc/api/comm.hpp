@@ -100,19 +100,23 @@ inline void comm_barrier(uintptr_t flag_table, uintptr_t flags, uintptr_t epoch,
 }
 
 inline void comm_all_gather(uintptr_t src, uintptr_t dst_table, int64_t bytes, int rank, int ep,
-                            uintptr_t stream) {
+                            uintptr_t stream, int64_t chunk_bytes) {
   namespace c = comm_checks;
   c::group(rank, ep);
   c::address("src", src, 4);
   c::address("dst_table", dst_table, 8);
   c::require(bytes >= 0 && bytes % 4 == 0,
              "`bytes` must be a non-negative multiple of 4, got " + std::to_string(bytes));
+  c::require(chunk_bytes >= 0 && chunk_bytes % 16 == 0,
+             "`chunk_bytes` must be 0 or a positive multiple of 16, got " +
+                 std::to_string(chunk_bytes));
   comm::AllGatherArgs a;
   a.src = reinterpret_cast<const void*>(src);
   a.dst_table = reinterpret_cast<const uint64_t*>(dst_table);
   a.bytes = bytes;
   a.rank = rank;
   a.ep = ep;
+  a.chunk_bytes = chunk_bytes;
   check_cuda(comm::launch_all_gather(a, c::stream_of(stream)), "all_gather kernel launch");
 }
 
@@ -330,7 +334,9 @@ inline void bind_comm(pybind11::module_& m) {
         "status word is ORed into this rank's.");
   m.def("comm_all_gather", &comm_all_gather, py::arg("src"), py::arg("dst_table"),
         py::arg("bytes"), py::arg("rank"), py::arg("ep"), py::arg("stream"),
-        "Store `bytes` from src at offset rank*bytes of every rank's buffer (no barrier).");
+        py::arg("chunk_bytes") = 0,
+        "Store `bytes` from src at offset rank*bytes of every rank's buffer (no barrier), each "
+        "CTA `chunk_bytes` at a time (0: 32 KiB).");
   m.def("comm_pull_rows", &comm_pull_rows, py::arg("src_table"), py::arg("out"),
         py::arg("peer_rank"), py::arg("peer_token_idx"), py::arg("num_tokens"), py::arg("rows"),
         py::arg("row_bytes"), py::arg("src_rows"), py::arg("divisor"), py::arg("ep"),

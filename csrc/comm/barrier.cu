@@ -13,7 +13,8 @@ namespace detail {
 
 constexpr int kBarrierThreads = 128;  // >= kMaxRanks: one thread per peer, no loop in practice
 constexpr int kGatherThreads = 256;
-constexpr int kMaxGatherCtasPerPeer = 16;
+constexpr int kMaxGatherCtasPerPeer = 64;
+constexpr int64_t kDefaultGatherChunkBytes = int64_t{kGatherThreads} * 8 * 16;
 
 // One CTA. Thread p signals peer p, then waits for peer p's signal; the epoch counter is read
 // before and written after, by thread 0, so every thread uses the same epoch and the next barrier
@@ -60,17 +61,18 @@ __global__ void __launch_bounds__(kBarrierThreads) barrier_kernel(BarrierArgs a)
 }
 
 // Grid (ctas_per_peer, ep): blockIdx.y picks the destination, staggered by rank so that the
-// ranks do not all write to the same peer at once; the last one is this rank itself.
+// ranks do not all write to the same peer at once; the last one is this rank itself. CTA x
+// copies chunks x, x + gridDim.x, ... of `chunk_vecs` vectors each.
 template <typename V>
-__global__ void __launch_bounds__(kGatherThreads) all_gather_kernel(AllGatherArgs a) {
+__global__ void __launch_bounds__(kGatherThreads) all_gather_kernel(AllGatherArgs a,
+                                                                    int64_t chunk_vecs) {
   const int dst_rank = (a.rank + 1 + static_cast<int>(blockIdx.y)) % a.ep;
   const int64_t vecs = a.bytes / static_cast<int64_t>(sizeof(V));
   const V* src = static_cast<const V*>(a.src);
   V* dst = reinterpret_cast<V*>(a.dst_table[dst_rank] + a.rank * a.bytes);
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < vecs;
-       i += step) {
-    dst[i] = src[i];
+  for (int64_t first = blockIdx.x * chunk_vecs; first < vecs; first += gridDim.x * chunk_vecs) {
+    const int64_t end = first + chunk_vecs < vecs ? first + chunk_vecs : vecs;
+    for (int64_t i = first + threadIdx.x; i < end; i += blockDim.x) dst[i] = src[i];
   }
   system_fence();
 }
@@ -85,15 +87,17 @@ cudaError_t launch_barrier(const BarrierArgs& args, cudaStream_t stream) {
 cudaError_t launch_all_gather(const AllGatherArgs& args, cudaStream_t stream) {
   if (args.bytes == 0) return cudaSuccess;
   const bool wide = args.bytes % 16 == 0 && reinterpret_cast<uintptr_t>(args.src) % 16 == 0;
-  const int64_t vecs = args.bytes / (wide ? 16 : 4);
-  const int64_t per_cta = int64_t{detail::kGatherThreads} * 8;
-  const int64_t ctas = std::min<int64_t>((vecs + per_cta - 1) / per_cta,
-                                         detail::kMaxGatherCtasPerPeer);
+  const int64_t vec_bytes = wide ? 16 : 4;
+  const int64_t chunk = args.chunk_bytes > 0 ? args.chunk_bytes : detail::kDefaultGatherChunkBytes;
+  const int64_t chunk_vecs = chunk / vec_bytes;  // chunk is a multiple of 16
+  const int64_t chunks = (args.bytes / vec_bytes + chunk_vecs - 1) / chunk_vecs;
+  const int64_t ctas = std::min<int64_t>(chunks, detail::kMaxGatherCtasPerPeer);
+  const int threads = static_cast<int>(std::min<int64_t>(chunk_vecs, detail::kGatherThreads));
   const dim3 grid(static_cast<unsigned>(ctas), static_cast<unsigned>(args.ep));
   if (wide) {
-    detail::all_gather_kernel<uint4><<<grid, detail::kGatherThreads, 0, stream>>>(args);
+    detail::all_gather_kernel<uint4><<<grid, threads, 0, stream>>>(args, chunk_vecs);
   } else {
-    detail::all_gather_kernel<uint32_t><<<grid, detail::kGatherThreads, 0, stream>>>(args);
+    detail::all_gather_kernel<uint32_t><<<grid, threads, 0, stream>>>(args, chunk_vecs);
   }
   return cudaGetLastError();
 }

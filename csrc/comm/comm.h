@@ -50,6 +50,9 @@ struct AllGatherArgs {
   int64_t bytes = 0;                    // a multiple of 4
   int rank = 0;
   int ep = 1;
+  // Bytes a CTA copies at a time (MoKConfig.all_gather_top_experts_chunk_bytes, a multiple of
+  // 16); 0: 32 KiB chunks.
+  int64_t chunk_bytes = 0;
 };
 
 // The rows of a schedule as the kernels read them.

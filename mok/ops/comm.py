@@ -40,7 +40,8 @@ def all_gather_top_experts(
     if not 0 <= rank < buffer.shape[0]:
         raise ValueError(f"`rank` must be in [0, {buffer.shape[0]}), got {rank}")
     check_multiple("chunk_bytes", chunk_bytes, 16)
-    backends.for_device(top_experts.device).all_gather_top_experts(top_experts, buffer, group_name)
+    backend = backends.for_device(top_experts.device)
+    backend.all_gather_top_experts(top_experts, buffer, group_name, chunk_bytes)
 
 
 @all_gather_top_experts.register_fake

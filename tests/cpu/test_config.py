@@ -123,3 +123,26 @@ def test_schedule_capacity_is_the_originals(multiplier, ep, tokens, topk, capaci
     """C = T * k * max(2, ceil(EP * multiplier)) (API.md)."""
     config = MoKConfig(schedule_capacity_multiplier=multiplier)
     assert config.schedule_capacity(ep, tokens, topk) == capacity
+
+
+def test_the_chunk_bytes_reach_the_routing_all_gather(monkeypatch):
+    """build_schedule hands MoKConfig.all_gather_top_experts_chunk_bytes to the backend's
+    all-gather (the CUDA kernel copies that many bytes a CTA at a time)."""
+    import torch
+
+    from mok import functional as F
+    from mok.backends.reference import kernels
+    from mok.testing import OneDeviceGroup
+
+    seen, original = [], kernels.gather_routing
+
+    def recording(workspace, routing, chunk_bytes=0):
+        seen.append(chunk_bytes)
+        return original(workspace, routing, chunk_bytes)
+
+    monkeypatch.setattr(kernels, "gather_routing", recording)
+    config = MoKConfig(all_gather_top_experts_chunk_bytes=48)
+    group = OneDeviceGroup(2, config, device="cpu", num_local_tokens=4, hidden_size=128, topk=2)
+    top = torch.zeros(4, 2, dtype=torch.int64)
+    group.run(lambda rank, ws: F.build_schedule(ws, config, top, num_local_experts=2))
+    assert seen == [48, 48]

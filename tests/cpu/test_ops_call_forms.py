@@ -152,3 +152,19 @@ def test_reference_all_gather_checks_its_arguments(single_rank_group, buffer_ran
         ops.all_gather_top_experts(top, buffer, 0, 0, chunk_bytes,
                                    single_rank_group.group_name)  # fmt: skip
     assert not buffer.any()
+
+
+def test_the_all_gather_op_hands_its_chunk_bytes_to_the_backend(single_rank_group, monkeypatch):
+    from mok.backends.reference import kernels
+
+    seen, original = [], kernels.all_gather_top_experts
+
+    def recording(top_experts, buffer, group_name, chunk_bytes=0):
+        seen.append(chunk_bytes)
+        original(top_experts, buffer, group_name, chunk_bytes)
+
+    monkeypatch.setattr(kernels, "all_gather_top_experts", recording)
+    top = torch.ones(8, 2, dtype=torch.int32)
+    buffer = torch.zeros(1, 8, 2, dtype=torch.int32)
+    ops.all_gather_top_experts(top, buffer, 0, 0, 48, single_rank_group.group_name)
+    assert seen == [48] and torch.equal(buffer[0], top)

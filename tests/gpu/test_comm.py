@@ -50,18 +50,23 @@ from mok.functional import build_schedule
 pytestmark = [pytest.mark.gpu, *([pytest.mark.multi_gpu] if WORLD > 1 else [])]
 
 
+# Chunk bytes per CTA (MoKConfig.all_gather_top_experts_chunk_bytes): the kernel's default, the
+# smallest, one that leaves a partial chunk, the config's default, one past the whole table.
+CHUNKS = (0, 16, 48, 2048, 1 << 20)
+
+
 @pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
 def test_all_gather_top_experts(shape, seed, workspaces):
     ws, gen, rng = ws_and_draws(workspaces, seed, "ag", shape)
     problems = []
-    for call in range(CALLS):
-        kind = ROUTINGS[call % len(ROUTINGS)]
+    for call in range(max(CALLS, len(CHUNKS))):
+        kind, chunk = ROUTINGS[call % len(ROUTINGS)], CHUNKS[call % len(CHUNKS)]
         mine = routing(kind, ws.num_local_tokens, ws.topk, ws.ep_size * shape[3], gen)
         poison(ws.all_gather_top_experts_buffer)
         skew(rng)
-        got = cuda_comm.all_gather_top_experts(ws, mine).clone()
+        got = cuda_comm.all_gather_top_experts(ws, mine, chunk_bytes=chunk).clone()
         want = reference_exchange.all_gather(mine, ws.group_name)
-        problems.append(bit_mismatch(f"all-gather call {call} ({kind})", got, want))
+        problems.append(bit_mismatch(f"all-gather call {call} ({kind}, chunk {chunk})", got, want))
     expect_clean(ws, problems)
 
 

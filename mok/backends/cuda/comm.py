@@ -164,7 +164,7 @@ def _launch_barrier(ws: MoKWorkspace, tag: int) -> None:
 
 
 def all_gather_top_experts(
-    ws: MoKWorkspace, top_experts: torch.Tensor, *, sync_before: bool = True
+    ws: MoKWorkspace, top_experts: torch.Tensor, *, sync_before: bool = True, chunk_bytes: int = 0
 ) -> torch.Tensor:
     """Every rank's routing, in rank order: returns `ws.all_gather_top_experts_buffer`
     (int32 [EP, T, k]), complete in stream order on every rank.
@@ -174,7 +174,8 @@ def all_gather_top_experts(
     | top_experts | int32 | [T, k] |
 
     `sync_before=False` skips the barrier that keeps this rank from overwriting a peer's buffer
-    while the peer still reads the previous all-gather.
+    while the peer still reads the previous all-gather. Each CTA copies `chunk_bytes` at a time
+    (MoKConfig.all_gather_top_experts_chunk_bytes; 0: 32 KiB), at most 64 CTAs a peer.
     """
     _check("top_experts", top_experts, torch.int32, ws.device)
     shape = (ws.num_local_tokens, ws.topk)
@@ -193,6 +194,7 @@ def all_gather_top_experts(
         bytes=src.numel() * 4,
         rank=ws.ep_rank,
         ep=ws.ep_size,
+        chunk_bytes=chunk_bytes,
     )
     barrier(ws, "routing gathered")
     return ws.all_gather_top_experts_buffer

@@ -46,17 +46,18 @@ def op_engine(buffers: dict[str, torch.Tensor], x_ptrs, topk: int, group_name: s
     return CudaEngine.with_stand_ins(workspace, buffers, config)
 
 
-def all_gather_top_experts(top_experts, buffer, group_name: str) -> None:
+def all_gather_top_experts(top_experts, buffer, group_name: str, chunk_bytes: int = 0) -> None:
     name = "all_gather_top_experts_buffer"
     workspace = _workspace(group_name, name, buffer)
-    gathered = comm.all_gather_top_experts(workspace, top_experts)
+    gathered = comm.all_gather_top_experts(workspace, top_experts, chunk_bytes=chunk_bytes)
     if buffer.data_ptr() != gathered.data_ptr():  # a functional copy (torch.compile)
         buffer.copy_(gathered)
 
 
-def gather_routing(workspace: MoKWorkspace, routing: torch.Tensor) -> torch.Tensor:
-    """Every rank's routing into the workspace's all-gather buffer (int32 [EP, T, k])."""
-    return comm.all_gather_top_experts(workspace, routing)
+def gather_routing(workspace: MoKWorkspace, routing: torch.Tensor, chunk_bytes: int = 0):
+    """Every rank's routing into the workspace's all-gather buffer (int32 [EP, T, k]), copied
+    `chunk_bytes` at a time by each CTA (0: the kernel's default)."""
+    return comm.all_gather_top_experts(workspace, routing, chunk_bytes=chunk_bytes)
 
 
 combine_status = comm.combine_status

@@ -31,12 +31,14 @@ def op_engine(buffers: dict[str, torch.Tensor], x_ptrs, topk: int, group_name: s
     return ReferenceEngine(buffers, topk, group_name)
 
 
-def all_gather_top_experts(top_experts, buffer, group_name: str) -> None:
+def all_gather_top_experts(top_experts, buffer, group_name: str, chunk_bytes: int = 0) -> None:
+    """The collective moves the table whole: `chunk_bytes` (checked by the op) changes nothing."""
     exchange.all_gather_top_experts(top_experts, buffer, group_name)
 
 
-def gather_routing(workspace, routing: torch.Tensor) -> torch.Tensor:
-    """Every rank's routing into the workspace's all-gather buffer (int32 [EP, T, k])."""
+def gather_routing(workspace, routing: torch.Tensor, chunk_bytes: int = 0) -> torch.Tensor:
+    """Every rank's routing into the workspace's all-gather buffer (int32 [EP, T, k]); the
+    collective moves it whole, whatever `chunk_bytes`."""
     buffer = workspace.all_gather_top_experts_buffer
     exchange.all_gather_top_experts(routing, buffer, group_of(workspace))
     return buffer
