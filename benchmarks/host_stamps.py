@@ -4,7 +4,8 @@
         [--shapes NAME ...] [--mxfp8] [--calls 30]
 
 Wraps mok's one kernel-launch function (`mok.backends.cuda.extension.launch`) and the stages of
-the functional API (`build_schedule`, `validate_inputs`, `passes.forward` / `backward`), times
+the functional API (`build_schedule`, `validate_inputs`, `passes.forward` / `backward`, the
+engine's making, its sources, the routed GEMM engine, the dispatch pull), times
 each with `perf_counter` from the pass's start (after a synchronize), and prints, per pass, the
 median time of every stamp over `--calls` calls: the host's path to the first GEMM is what an
 eager pass on an idle GPU waits for. A wrapper costs well under a microsecond, unlike
@@ -19,8 +20,9 @@ import time
 
 import torch
 
-from mok import functional, passes
-from mok.backends.cuda import extension
+from mok import backends, functional, passes
+from mok.backends.cuda import comm, extension
+from mok.backends.cuda.engine import CudaEngine
 from mok.bench import harness, mok_step
 
 _STAMPS: list[tuple[str, float]] = []
@@ -44,7 +46,9 @@ def _stamped(label, fn, *, kernel: bool = False):
 def install() -> None:
     extension.launch = _stamped("launch", extension.launch, kernel=True)
     stages = ((functional, "build_schedule"), (functional, "validate_inputs"),
-              (functional, "forward"), (passes, "forward"), (passes, "backward"))  # fmt: skip
+              (functional, "forward"), (passes, "forward"), (passes, "backward"),
+              (backends, "engine"), (backends, "routed_gemms"), (CudaEngine, "use_sources"),
+              (CudaEngine, "pull_beside"), (comm, "pull_rows"))  # fmt: skip
     for module, name in stages:
         setattr(module, name, _stamped(f"{module.__name__}.{name}", getattr(module, name)))
 

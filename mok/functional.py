@@ -47,14 +47,16 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class MoKForwardContext:
-    """Activations the backward needs. Routed fields have one row per schedule row (C).
+    """Activations the backward needs. Routed fields have R = min(C, macrobatch_size) rows:
+    one per schedule row, or the macrobatch ring's (mok.macrobatch: the backward recomputes the
+    rows before it).
 
     | field         | BF16 mode     | MXFP8 mode                                  |
     |---------------|---------------|---------------------------------------------|
-    | x_routed      | bf16 [C, H]   | (fp8 [H, C], scale): transposed, for wgrad  |
-    | gate_routed   | bf16 [C, I]   | (fp8 [C, I], scale)                         |
-    | up_routed     | bf16 [C, I]   | (fp8 [C, I], scale)                         |
-    | hidden_routed | bf16 [C, I]   | (fp8 [I, C], scale): transposed, for wgrad  |
+    | x_routed      | bf16 [R, H]   | (fp8 [H, R], scale): transposed, for wgrad  |
+    | gate_routed   | bf16 [R, I]   | (fp8 [R, I], scale)                         |
+    | up_routed     | bf16 [R, I]   | (fp8 [R, I], scale)                         |
+    | hidden_routed | bf16 [R, I]   | (fp8 [I, R], scale): transposed, for wgrad  |
     | *_shared      | bf16 [T, I] or None without a shared expert                 |
 
     (mok) `schedule` and `workspace` are those forward ran with: backward refuses a context

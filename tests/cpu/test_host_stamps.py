@@ -6,8 +6,9 @@ from __future__ import annotations
 import torch
 from bench_modules import load as _load
 
-from mok import functional, passes
-from mok.backends.cuda import extension
+from mok import backends, functional, passes
+from mok.backends.cuda import comm, extension
+from mok.backends.cuda.engine import CudaEngine
 from mok.bench import harness
 from mok.bench import mok_step as bench_mok
 
@@ -20,7 +21,9 @@ def test_host_stamps_time_every_stage_of_a_pass(single_rank_group, monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     for module, name in ((extension, "launch"), (functional, "build_schedule"),
                          (functional, "validate_inputs"), (functional, "forward"),
-                         (passes, "forward"), (passes, "backward")):  # fmt: skip
+                         (passes, "forward"), (passes, "backward"), (backends, "engine"),
+                         (backends, "routed_gemms"), (CudaEngine, "use_sources"),
+                         (CudaEngine, "pull_beside"), (comm, "pull_rows")):  # fmt: skip
         monkeypatch.setattr(module, name, getattr(module, name))  # restored after the test
     shape = harness.SMOKE_SHAPES["tiny"]
     d = harness.Dist(0, 1, torch.device("cpu"), single_rank_group)
@@ -32,7 +35,8 @@ def test_host_stamps_time_every_stage_of_a_pass(single_rank_group, monkeypatch):
     assert labels == [
         "mok.functional.build_schedule", "mok.functional.build_schedule done",
         "mok.functional.forward", "mok.functional.validate_inputs",
-        "mok.functional.validate_inputs done", "mok.passes.forward", "mok.passes.forward done",
+        "mok.functional.validate_inputs done", "mok.backends.engine", "mok.backends.engine done",
+        "mok.passes.forward", "mok.passes.forward done",
         "mok.functional.forward done", "return",
     ]  # fmt: skip
     times = [us for _, us in got]
