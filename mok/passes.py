@@ -98,10 +98,14 @@ def forward(engine, x, shared, routed, schedule, limit, mxfp8: bool, macrobatch_
     y_routed, shared (gate, up, hidden, y)); fills combine_buffer (or keeps y: `_send_home`).
     The saved tensors keep at most `macrobatch_size` rows (mok.macrobatch's ring).
 
-    The shared expert goes first: it needs nothing from the exchange, so its GEMMs keep the GPU
-    busy while the host enqueues the routed stages.
+    Where the dispatch waits for peers (its barrier), the shared expert goes first: it needs
+    nothing from the exchange, so its GEMMs keep the GPU busy while the ranks meet and the host
+    enqueues the routed stages. Where it does not (`engine.dispatch_is_local`, EP 1), the
+    dispatch goes first: the GPU starts on it while the host enqueues the shared expert, whose
+    host time outlasts its GEMMs on the Qwen-like shapes (docs/host-overhead.md).
     """
-    shared_out = _shared_forward(engine, x, shared, limit)
+    shared_first = not engine.dispatch_is_local
+    shared_out = _shared_forward(engine, x, shared, limit) if shared_first else None
     rows = schedule.as_tuple()
     gemm = engine.routed_gemms(rows, rows[3].shape[0])
     if mxfp8:
@@ -114,10 +118,14 @@ def forward(engine, x, shared, routed, schedule, limit, mxfp8: bool, macrobatch_
             sync=(True, False),
         )  # fmt: skip
         weights = experts.mxfp8_weights(*routed, gemm)
+    else:
+        x_rows, pull = engine.pull_beside(Buffer.X, rows, gemm, sync=(True, False))
+    if not shared_first:  # the dispatch is on its way
+        shared_out = _shared_forward(engine, x, shared, limit)
+    if mxfp8:
         engine.join()
         *saved, y = experts.forward_mxfp8(x_rounded(), weights, gemm, limit)
     else:
-        x_rows, pull = engine.pull_beside(Buffer.X, rows, gemm, sync=(True, False))
         gate, up, hidden, y = experts.forward_bf16(x_rows, *routed, gemm, limit, pull)
         saved = [x_rows, gate, up, hidden]
     _send_home(engine, [(y, Buffer.COMBINE)], schedule)

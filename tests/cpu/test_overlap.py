@@ -24,6 +24,7 @@ class RecordingEngine:
     it fails a pass that starts the routed GEMMs while a background exchange is not joined."""
 
     topk = 1
+    dispatch_is_local = False  # the order of a pass whose dispatch waits for peers
 
     def __init__(self) -> None:
         self.log: list[tuple[str, bool]] = []
@@ -80,8 +81,8 @@ class RecordingEngine:
         row_expert = experts.row_experts(schedule[3], schedule[2], ROWS)
         return LoggedGemms(self, row_expert, num_experts)
 
-    @staticmethod
-    def shared_gemms(tokens):
+    def shared_gemms(self, tokens):
+        self.log.append(("shared gemms", False))
         return experts.MaskedGemms(torch.zeros(tokens, dtype=torch.int64), 1)
 
 
@@ -132,8 +133,9 @@ def _mxfp8_forms(weights):
     return (gate[:2], up[:2], down[:2]), (gate, up, down[2:])
 
 
-def _run_step(shared_inter: int | None, mxfp8: bool = False) -> RecordingEngine:
-    """One forward and backward at top-1; no shared expert when `shared_inter` is None."""
+def _run_step(shared_inter: int | None, mxfp8: bool = False, local: bool = False):
+    """One forward and backward at top-1 (a RecordingEngine); no shared expert when
+    `shared_inter` is None; `local`: the engine's dispatch waits for no peer (EP 1)."""
     gen = torch.Generator().manual_seed(1)
     tokens = 64
     schedule = MoKSchedule(
@@ -148,6 +150,7 @@ def _run_step(shared_inter: int | None, mxfp8: bool = False) -> RecordingEngine:
     with_shared = shared_inter is not None
     shared = tuple(w[0] for w in _weights(gen, 1, shared_inter)) if with_shared else None
     engine = RecordingEngine()
+    engine.dispatch_is_local = local
     ring = MoKConfig().macrobatch_size
     saved, _, shared_out = passes.forward(engine, x, shared, routed_fwd, schedule, None, mxfp8,
                                           ring)  # fmt: skip
@@ -171,6 +174,16 @@ def test_backward_exchanges_overlap_a_large_shared_expert_only():
     ]
     for small in (large - 2, None):  # too small to hide an exchange; none at all
         assert not any(bg for _, bg in _run_step(small).log)
+
+
+@pytest.mark.parametrize("mxfp8", [False, True], ids=["bf16", "mxfp8"])
+def test_the_forward_dispatches_first_where_it_waits_for_no_peer(mxfp8):
+    """EP 1: the pull is enqueued before the shared expert (the GPU starts on it while the host
+    enqueues the shared GEMMs); a dispatch that waits for peers goes after the shared expert."""
+    for local in (False, True):
+        kinds = [kind for kind, _ in _run_step(64, mxfp8=mxfp8, local=local).log]
+        first_shared, pull = kinds.index("shared gemms"), kinds.index("pull x_buffer")
+        assert (pull < first_shared) == local, (local, kinds[: pull + 2])
 
 
 def test_mxfp8_pulls_run_beside_the_dequantization():

@@ -129,6 +129,11 @@ class CudaEngine:
     def topk(self) -> int:
         return self.ws.topk
 
+    @property
+    def dispatch_is_local(self) -> bool:
+        """Whether the dispatch reads this rank's rows alone (EP 1: no barrier, no peer)."""
+        return self.ws.ep_size == 1
+
     def join(self) -> None:
         if self._waiting is not None:
             self._waiting.wait_stream(_comm_stream(self.ws))

@@ -44,6 +44,11 @@ class ReferenceEngine:
         return cls(buffers, workspace.topk, group_of(workspace), status,
                    local_only=workspace.ep_size == 1)  # fmt: skip
 
+    @property
+    def dispatch_is_local(self) -> bool:
+        """Whether the dispatch reads this rank's rows alone (EP 1)."""
+        return self.local_only
+
     def use_sources(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """As the CUDA engine's: at EP 1 the pulls read the caller's tensors in place; beyond
         it they are copied into the buffers the peers read. Returns what the pass reads."""
