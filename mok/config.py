@@ -43,9 +43,9 @@ class MoKConfig:
     `minibatch_size` the rows per arrival counter (docs/overlap.md); otherwise they are checked
     and passed to the ops as the original's callers expect but change nothing. The chunk bytes
     are what each CTA of the CUDA routing all-gather copies at a time. `macrobatch_size` bounds
-    the routed activations a forward saves: a ring of at most that many rows, the backward
-    recomputing the rows before them (docs/macrobatch.md). No knob changes a bit of the
-    results.
+    the routed activations a forward saves: a ring of at most that many rows plus 256 per
+    local expert, the backward recomputing the rows before them (docs/macrobatch.md). No knob
+    changes a bit of the results.
 
     mok adds its own speed knobs after them (keyword arguments; each defaults to its
     environment variable, parsed in mok.settings, so a launcher can still set them there):

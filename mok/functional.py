@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mok import _moe_arguments, backends, ops, passes, settings
+from mok import _moe_arguments, backends, macrobatch, ops, passes, settings
 from mok import status as device_status
 from mok._arguments import check_range, check_tensor, check_type
 from mok.backends.reference import exchange
@@ -47,9 +47,9 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class MoKForwardContext:
-    """Activations the backward needs. Routed fields have R = min(C, macrobatch_size) rows:
-    one per schedule row, or the macrobatch ring's (mok.macrobatch: the backward recomputes the
-    rows before it).
+    """Activations the backward needs. Routed fields have R = min(C, macrobatch_size + 256 *
+    E) rows: one per schedule row, or the macrobatch ring's (mok.macrobatch: the backward
+    recomputes the rows before it).
 
     | field         | BF16 mode     | MXFP8 mode                                  |
     |---------------|---------------|---------------------------------------------|
@@ -387,7 +387,8 @@ def _check_context(ctx, schedule, ws, routed_gate_weights, shared_gate_weights, 
                 "that forward ran with"
             )
     gate = routed_gate_weights[0] if mxfp8 else routed_gate_weights
-    rows = min(schedule.peer_rank.shape[0], macrobatch_size)
+    experts = schedule.tokens_per_expert.shape[0]
+    rows = macrobatch.kept_rows(schedule.peer_rank.shape[0], macrobatch_size, experts)
     sizes = (rows, ws.num_local_tokens, ws.hidden_size, gate.shape[1])
     saved = [getattr(ctx, name) for name in _moe_arguments.SAVED_FIELDS]
     _moe_arguments.check_saved(saved, prefix="forward_context.", mxfp8=mxfp8,

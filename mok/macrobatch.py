@@ -1,16 +1,18 @@
 """The macrobatch ring (MoKConfig.macrobatch_size): how many routed rows a forward saves.
 
 A forward computes every schedule row, but of the routed activations it saves for the backward
-(x_routed, gate, up, hidden: one row per schedule row) it keeps at most `macrobatch_size` (MB)
-rows, as a ring: slot s holds the last row r < num_tokens with r = s (mod MB), i.e. the rows
-[num_tokens - MB, num_tokens) once the padded rows exceed MB, as a pass over macrobatches of MB
-rows would leave them. The backward recomputes the rows before those (the earlier macrobatches:
-the dispatch of x, the gate/up GEMMs and SwiGLU, on the schedule cut at that row: the same
-kernels on the same rows, so the same bits) and puts the ring's rows back after them. Where the
-schedule has no more rows than MB the ring is the tensors themselves: nothing is copied or
-recomputed. Everything runs on the device; num_tokens is never read on the host.
+(x_routed, gate, up, hidden: one row per schedule row) it keeps at most R = macrobatch_size +
+256 per local expert rows (the macrobatch plus the padding allowance mok's schedule adds to
+the original's capacity, so that a schedule rings exactly when the original's capacity exceeds
+the macrobatch), as a ring: slot s holds the last row r < num_tokens with r = s (mod R), i.e.
+the rows [num_tokens - R, num_tokens) once the padded rows exceed R, as a pass over macrobatches
+of R rows would leave them. The backward recomputes the rows before those (the earlier
+macrobatches: the dispatch of x, the gate/up GEMMs and SwiGLU, on the schedule cut at that row:
+the same kernels on the same rows, so the same bits) and puts the ring's rows back after them.
+Where the schedule has no more rows than R the ring is the tensors themselves: nothing is copied
+or recomputed. Everything runs on the device; num_tokens is never read on the host.
 
-num_tokens and MB are multiples of 256, so the cut and the ring move whole 128-row tiles of
+num_tokens and R are multiples of 256, so the cut and the ring move whole 128-row tiles of
 MXFP8 scales and whole 32-row blocks of the transposed forms (docs/macrobatch.md).
 """
 
@@ -27,35 +29,46 @@ BLOCK, SCALE_ROWS = 256, 128
 TRANSPOSED_IN_MXFP8 = (True, False, False, True)
 
 
-def rings(rows: int, macrobatch: int) -> bool:
-    """Whether a schedule of `rows` rows keeps a ring (more rows than the macrobatch)."""
-    return rows > macrobatch
+def ring_rows(macrobatch_size: int, num_local_experts: int) -> int:
+    """R: the rows a ring holds, the macrobatch plus each local expert's padding allowance."""
+    return macrobatch_size + BLOCK * num_local_experts
 
 
-def slot_rows(num_tokens: torch.Tensor, macrobatch: int) -> torch.Tensor:
-    """The schedule row each ring slot holds (int64 [MB]): the last row below num_tokens in the
-    slot's residue class, or the slot itself where there is none (a padding row)."""
-    slot = torch.arange(macrobatch, device=num_tokens.device)
+def kept_rows(rows: int, macrobatch_size: int, num_local_experts: int) -> int:
+    """Routed rows a forward saves for a schedule of `rows` rows: all of them, at most R."""
+    return min(rows, ring_rows(macrobatch_size, num_local_experts))
+
+
+def rings(rows: int, ring: int) -> bool:
+    """Whether a schedule of `rows` rows keeps a ring of `ring` rows (it has more)."""
+    return rows > ring
+
+
+def slot_rows(num_tokens: torch.Tensor, ring: int) -> torch.Tensor:
+    """The schedule row each slot of a `ring`-row ring holds (int64 [ring]): the last row below
+    num_tokens in the slot's residue class, or the slot itself where there is none (padding)."""
+    slot = torch.arange(ring, device=num_tokens.device)
     last = num_tokens.to(torch.int64) - 1
-    laps = torch.div(last - slot, macrobatch, rounding_mode="floor").clamp(min=0)
-    return laps * macrobatch + slot
+    laps = torch.div(last - slot, ring, rounding_mode="floor").clamp(min=0)
+    return laps * ring + slot
 
 
-def cut(schedule: tuple, macrobatch: int) -> tuple:
+def cut(schedule: tuple, ring: int) -> tuple:
     """The schedule tuple (peer_rank, peer_token_idx, num_tokens, tokens_per_expert) cut to the
-    rows before the ring's: num_tokens - MB (at least 0) rows; each expert keeps its segment's
-    start and the part of its rows before the cut."""
+    rows before the ring's: num_tokens - ring (at least 0) rows; each expert keeps its
+    segment's start and the part of its rows before the cut."""
     peer_rank, peer_token_idx, num_tokens, tokens_per_expert = schedule
-    end = (num_tokens - macrobatch).clamp(min=0)
+    end = (num_tokens - ring).clamp(min=0)
     ends = torch.cumsum(tokens_per_expert, 0, dtype=torch.int32)
     starts = ends - tokens_per_expert
     kept = (ends.clamp(max=end) - starts.clamp(max=end)).to(tokens_per_expert.dtype)
     return peer_rank, peer_token_idx, end.to(num_tokens.dtype), kept
 
 
-def _block_index(num_tokens: torch.Tensor, macrobatch: int) -> torch.Tensor:
-    """The schedule block of each ring block (int64 [MB / BLOCK]): slot_rows maps whole blocks."""
-    return slot_rows(num_tokens, macrobatch)[::BLOCK] // BLOCK
+def _block_index(num_tokens: torch.Tensor, ring: int) -> torch.Tensor:
+    """The schedule block of each ring block (int64 [ring / BLOCK]): slot_rows maps whole
+    blocks."""
+    return slot_rows(num_tokens, ring)[::BLOCK] // BLOCK
 
 
 def _words(t: torch.Tensor, axis: int) -> torch.Tensor:
@@ -85,41 +98,39 @@ def _transposed(mxfp8: bool) -> tuple[bool, ...]:
     return TRANSPOSED_IN_MXFP8 if mxfp8 else (False,) * len(TRANSPOSED_IN_MXFP8)
 
 
-def keep(saved: tuple, num_tokens: torch.Tensor, macrobatch: int, mxfp8: bool) -> tuple:
-    """The ring of each saved routed value (x_routed, gate, up, hidden): MB rows each, or the
-    values themselves where they have no more rows than MB."""
-    if not rings(_row_count(saved[1]), macrobatch):
+def keep(saved: tuple, num_tokens: torch.Tensor, ring: int, mxfp8: bool) -> tuple:
+    """The ring of each saved routed value (x_routed, gate, up, hidden): `ring` rows each, or
+    the values themselves where they have no more rows."""
+    if not rings(_row_count(saved[1]), ring):
         return tuple(saved)
-    index = _block_index(num_tokens, macrobatch)
+    index = _block_index(num_tokens, ring)
     kept = []
     for value, transposed in zip(saved, _transposed(mxfp8), strict=True):
-        taken = tuple(
-            _kept_part(t, axis, index, macrobatch) for t, axis in _forms(value, transposed)
-        )
+        taken = tuple(_kept_part(t, axis, index, ring) for t, axis in _forms(value, transposed))
         kept.append(taken[0] if isinstance(value, torch.Tensor) else taken)
     return tuple(kept)
 
 
-def _kept_part(t: torch.Tensor, axis: int, block_index: torch.Tensor, macrobatch: int):
+def _kept_part(t: torch.Tensor, axis: int, block_index: torch.Tensor, ring: int):
     shape = list(t.shape)
-    shape[axis] = macrobatch // _rows_per_index(t)
+    shape[axis] = ring // _rows_per_index(t)
     return _words(t, axis).index_select(axis, block_index).view(t.dtype).view(shape)
 
 
-def keep_rows(rows: torch.Tensor, num_tokens: torch.Tensor, macrobatch: int) -> torch.Tensor:
+def keep_rows(rows: torch.Tensor, num_tokens: torch.Tensor, ring: int) -> torch.Tensor:
     """The ring of one [C, N] tensor of routed rows (the fused forward's y_routed)."""
-    if not rings(rows.shape[0], macrobatch):
+    if not rings(rows.shape[0], ring):
         return rows
-    return _kept_part(rows, 0, _block_index(num_tokens, macrobatch), macrobatch)
+    return _kept_part(rows, 0, _block_index(num_tokens, ring), ring)
 
 
-def restore(recomputed: tuple, ring: tuple, num_tokens: torch.Tensor, macrobatch: int,
+def restore(recomputed: tuple, kept: tuple, num_tokens: torch.Tensor, ring: int,
             mxfp8: bool) -> tuple:  # fmt: skip
     """The saved values of every schedule row: `recomputed` (the rows before the cut, computed
-    again) with the ring's rows written back into their rows, in place."""
-    index = _block_index(num_tokens, macrobatch)
-    for full, kept, transposed in zip(recomputed, ring, _transposed(mxfp8), strict=True):
-        pairs = zip(_forms(full, transposed), _forms(kept, transposed), strict=True)
+    again) with the rows `kept` in the ring written back into their rows, in place."""
+    index = _block_index(num_tokens, ring)
+    for full, part, transposed in zip(recomputed, kept, _transposed(mxfp8), strict=True):
+        pairs = zip(_forms(full, transposed), _forms(part, transposed), strict=True)
         for (target, axis), (source, _) in pairs:
             _words(target, axis).index_copy_(axis, index, _words(source, axis))
     return tuple(recomputed)

@@ -96,7 +96,8 @@ def forward(engine, x, shared, routed, schedule, limit, mxfp8: bool, macrobatch_
     """`schedule` is a MoKSchedule, `shared` (gate, up, down) or None, `routed` the routed
     weights in their mode's form (mok.functional.forward). Returns (routed saved tensors,
     y_routed, shared (gate, up, hidden, y)); fills combine_buffer (or keeps y: `_send_home`).
-    The saved tensors keep at most `macrobatch_size` rows (mok.macrobatch's ring).
+    The saved tensors keep at most `macrobatch_size` rows plus 256 per local expert
+    (mok.macrobatch's ring).
 
     Where the dispatch waits for peers (its barrier), the shared expert goes first: it needs
     nothing from the exchange, so its GEMMs keep the GPU busy while the ranks meet and the host
@@ -130,7 +131,8 @@ def forward(engine, x, shared, routed, schedule, limit, mxfp8: bool, macrobatch_
         saved = [x_rows, gate, up, hidden]
     _send_home(engine, [(y, Buffer.COMBINE)], schedule)
     engine.hand_back_pushed()
-    saved = macrobatch.keep(tuple(saved), schedule.num_tokens, macrobatch_size, mxfp8)
+    ring = macrobatch.ring_rows(macrobatch_size, schedule.tokens_per_expert.shape[0])
+    saved = macrobatch.keep(tuple(saved), schedule.num_tokens, ring, mxfp8)
     return saved, y, shared_out
 
 
@@ -139,9 +141,10 @@ def _every_row(engine, saved, routed, schedule, limit, mxfp8: bool, macrobatch_s
     else its ring's rows after the rows before them, computed again (mok.macrobatch). The
     recomputing pull is the pass's first, with its barrier (x is in x_buffer again)."""
     rows = schedule.as_tuple()
-    if not macrobatch.rings(rows[0].shape[0], macrobatch_size):
+    ring = macrobatch.ring_rows(macrobatch_size, rows[3].shape[0])
+    if not macrobatch.rings(rows[0].shape[0], ring):
         return saved
-    before = macrobatch.cut(rows, macrobatch_size)
+    before = macrobatch.cut(rows, ring)
     gemm = engine.routed_gemms(before, before[3].shape[0])
     if mxfp8:
         x_rounded = engine.pull_rounded(Buffer.X, before, gemm, sync=(True, False))()
@@ -150,7 +153,7 @@ def _every_row(engine, saved, routed, schedule, limit, mxfp8: bool, macrobatch_s
     else:
         x_rows = engine.pull(Buffer.X, before, sync=(True, False))
         recomputed = (x_rows, *gemm.gate_up_swiglu(x_rows, routed[0], routed[1], limit))
-    return macrobatch.restore(recomputed, saved, rows[2], macrobatch_size, mxfp8)
+    return macrobatch.restore(recomputed, saved, rows[2], ring, mxfp8)
 
 
 def backward(engine, d_y, shared, routed, saved, shared_saved, x, schedule, limit, mxfp8: bool,

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch.library import custom_op
 
-from mok import _moe_arguments, backends, passes
+from mok import _moe_arguments, backends, macrobatch, passes
 from mok.ops.fused_forward import (
     OptTensor,
     Tensor,
@@ -231,7 +231,7 @@ def _check_saved(saved, x, schedule, w_routed_gate, w_shared_gate, macrobatch_si
                  mxfp8: bool) -> None:  # fmt: skip
     """The forward's saved tensors (MoKForwardContext's order) against this pass: routed rows
     as the forward kept them (mok.macrobatch's ring)."""
-    rows = min(schedule[0].shape[0], macrobatch_size)
+    rows = macrobatch.kept_rows(schedule[0].shape[0], macrobatch_size, schedule[3].shape[0])
     sizes = (rows, x.shape[0], x.shape[1], w_routed_gate.shape[1])
     _moe_arguments.check_saved(saved, prefix="", mxfp8=mxfp8, shared=w_shared_gate is not None,
                           sizes=sizes, device=x.device)  # fmt: skip

@@ -128,7 +128,7 @@ def dispatch_mlp_swiglu_combine_fwd_bf16(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """BF16 forward. Outputs: x_routed, gate_shared, gate_routed, up_shared, up_routed,
     hidden_shared, hidden_routed, y_shared, y_routed (routed: bf16 [R, H] / [R, I], R =
-    min(C, macrobatch_size): the ring of mok.macrobatch)."""
+    min(C, macrobatch_size + 256 * E): the ring of mok.macrobatch)."""
     schedule = (schedule_peer_rank, schedule_peer_token_idx, num_tokens, tokens_per_expert)
     routed = (w_routed_gate, w_routed_up, w_routed_down)
     shared_weights = (w_shared_gate, w_shared_up, w_shared_down)
@@ -161,7 +161,8 @@ def _forward(x_and_ptrs, combine_and_ptrs, shared_weights, routed, schedule, top
     schedule = op_schedule(schedule, x, x_ptrs, topk)
     saved, y, shared_out = passes.forward(engine, x, shared, routed, schedule, swiglu_limit,
                                           mxfp8, macrobatch_size)  # fmt: skip
-    return saved, macrobatch.keep_rows(y, schedule.num_tokens, macrobatch_size), shared_out
+    ring = macrobatch.ring_rows(macrobatch_size, schedule.tokens_per_expert.shape[0])
+    return saved, macrobatch.keep_rows(y, schedule.num_tokens, ring), shared_out
 
 
 def op_schedule(schedule, x, x_ptrs, topk) -> MoKSchedule:
@@ -199,12 +200,14 @@ def _(x, x_ptrs, combine_buffer, combine_buffer_ptrs, w_shared_gate, w_routed_ga
 
 
 def _ring_rows(rest, peer_rank_at: int, options) -> int:
-    """Rows of a fake forward's routed outputs: the schedule's, at most the macrobatch's (the
-    argument 7 places after peer_rank in `rest`, unless given by keyword)."""
+    """Rows of a fake forward's routed outputs: the schedule's, at most the macrobatch ring's
+    (mok.macrobatch; macrobatch_size is the argument 7 places after peer_rank in `rest`,
+    tokens_per_expert 3 places, unless given by keyword)."""
     macrobatch_size = options.get("macrobatch_size", None)
     if macrobatch_size is None:
         macrobatch_size = rest[peer_rank_at + 7]
-    return min(rest[peer_rank_at].shape[0], macrobatch_size)
+    experts = rest[peer_rank_at + 3].shape[0]
+    return macrobatch.kept_rows(rest[peer_rank_at].shape[0], macrobatch_size, experts)
 
 
 def _like(t):
@@ -260,7 +263,7 @@ def dispatch_mlp_swiglu_combine_fwd_mxfp8(
     """MXFP8 forward. Outputs: x_fp8_t_routed [H, R], x_sc_t_routed, gate_shared,
     gate_fp8_routed [R, I], gate_sc_routed, up_shared, up_fp8_routed, up_sc_routed,
     hidden_shared, hidden_fp8_t_routed [I, R], hidden_sc_t_routed, y_shared, y_routed [R, H]
-    (R = min(C, macrobatch_size): the ring of mok.macrobatch)."""
+    (R = min(C, macrobatch_size + 256 * E): the ring of mok.macrobatch)."""
     schedule = (schedule_peer_rank, schedule_peer_token_idx, num_tokens, tokens_per_expert)
     routed = (
         (w_routed_gate, w_routed_gate_sc),

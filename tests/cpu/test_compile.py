@@ -11,9 +11,10 @@ import mok
 from mok import functional as F
 
 TOKENS, HIDDEN, INTER, EXPERTS, TOPK = 24, 128, 128, 3, 2
+RING_TOKENS = 512
 
 
-def _inputs(mxfp8: bool):
+def _inputs(mxfp8: bool, tokens: int = TOKENS):
     generator = torch.Generator().manual_seed(7)
 
     def weight(*shape):
@@ -28,10 +29,10 @@ def _inputs(mxfp8: bool):
         gate, up, down = (torch.ops.mok.mxfp8_quantize(w, True, True) for w in routed)
         routed = [gate, up, down]
     return {
-        "top_experts": torch.randint(0, EXPERTS, (TOKENS, TOPK), generator=generator),
-        "x": torch.randn(TOKENS, HIDDEN, generator=generator).bfloat16(),
-        "rw": torch.rand(TOKENS, TOPK, generator=generator),
-        "grad": torch.randn(TOKENS, HIDDEN, generator=generator).bfloat16(),
+        "top_experts": torch.randint(0, EXPERTS, (tokens, TOPK), generator=generator),
+        "x": torch.randn(tokens, HIDDEN, generator=generator).bfloat16(),
+        "rw": torch.rand(tokens, TOPK, generator=generator),
+        "grad": torch.randn(tokens, HIDDEN, generator=generator).bfloat16(),
         "shared": (weight(INTER, HIDDEN), weight(INTER, HIDDEN), weight(HIDDEN, INTER)),
         "routed": routed,
     }
@@ -51,20 +52,21 @@ def _step(config, ws, top_experts, x, rw, grad, shared, routed, mxfp8):
 @pytest.mark.parametrize("ring", [False, True], ids=["every-row", "ring"])
 @pytest.mark.parametrize("mxfp8", [False, True], ids=["bf16", "mxfp8"])
 def test_fullgraph_step_matches_eager(single_rank_group, mxfp8, ring):
-    """With `ring` the traced step saves a 256-row macrobatch (its fused ops return that many
-    routed rows, their fakes say so) and still gives the bits of the eager step that saves every
-    row (mok.macrobatch)."""
+    """With `ring` (at 512 tokens: more schedule rows than the ring of a 256-row macrobatch)
+    the traced step saves the ring (its fused ops return that many routed rows, their fakes say
+    so) and still gives the bits of the eager step that saves every row (mok.macrobatch)."""
     config = F.MoKConfig()
     traced_config = F.MoKConfig(minibatch_size=256, macrobatch_size=256) if ring else config
+    tokens = RING_TOKENS if ring else TOKENS
     ws = F.create_workspace(
         config,
         single_rank_group,
         device="cpu",
-        num_local_tokens=TOKENS,
+        num_local_tokens=tokens,
         hidden_size=HIDDEN,
         topk=TOPK,
     )
-    args = _inputs(mxfp8)
+    args = _inputs(mxfp8, tokens)
     eager = _step(config, ws, *args.values(), mxfp8)
     torch._dynamo.reset()
     compiled = torch.compile(_step, fullgraph=True, backend="aot_eager")

@@ -1,10 +1,12 @@
-"""The macrobatch ring (mok.macrobatch): a forward saves at most `macrobatch_size` routed rows,
-the backward recomputes the rows before them, and the step's results are bitwise those of a
-macrobatch that holds every row (a knob changes memory and speed, never bits).
+"""The macrobatch ring (mok.macrobatch): a forward saves at most `macrobatch_size` routed rows
+plus 256 per local expert, the backward recomputes the rows before them, and the step's
+results are bitwise those of a macrobatch that holds every row (a knob changes memory and speed,
+never bits).
 
 Steps run through mok.functional on the reference backend, the ranks as threads of this process
-(mok.testing.OneDeviceGroup); "hot" routing gives one expert several 256-row segments, so the
-schedule's padded rows exceed a 256-row macrobatch and the backward has rows to recompute.
+(mok.testing.OneDeviceGroup); at T = 640 with "hot" routing (one expert gets several 256-row
+segments) the schedule's padded rows exceed the ring of a 256-row macrobatch (256 rows plus 256
+per local expert) and the backward has rows to recompute.
 """
 
 from __future__ import annotations
@@ -12,13 +14,22 @@ from __future__ import annotations
 import pytest
 import torch
 from moe_oracle import same_bits
-from moe_scenarios import CONFIG_KWARGS, GRAD_NAMES, HIDDEN, TOPK, Scenario, _step, inputs_for
+from moe_scenarios import (
+    CONFIG_KWARGS,
+    GRAD_NAMES,
+    HIDDEN,
+    LOCAL_EXPERTS,
+    TOPK,
+    Scenario,
+    _step,
+    inputs_for,
+)
 
 from mok import functional as F
 from mok import macrobatch
 from mok.testing import OneDeviceGroup
 
-TOKENS, SEED = 136, 5
+TOKENS, SEED = 640, 5
 EVERY_ROW = F.MoKConfig().macrobatch_size  # the default: more rows than any schedule here
 
 
@@ -51,8 +62,9 @@ def test_a_step_has_the_same_bits_at_every_macrobatch(mode, ep):
         ringed = _run(scenario, ep, size)
         for rank, (got, want) in enumerate(zip(ringed, every_row, strict=True)):
             rows, num_tokens = got["rows"]
-            assert rows > size and got["kept"] == size, (rank, rows, got["kept"])
-            recomputed_somewhere |= num_tokens > size
+            ring = macrobatch.ring_rows(size, LOCAL_EXPERTS)
+            assert rows > ring and got["kept"] == ring, (rank, rows, got["kept"])
+            recomputed_somewhere |= num_tokens > ring
             assert same_bits(got["out"], want["out"]), f"macrobatch {size}, rank {rank}: out"
             for name in GRAD_NAMES:
                 same = same_bits(got["grads"][name], want["grads"][name])
