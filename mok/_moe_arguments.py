@@ -9,6 +9,7 @@ import math
 
 import torch
 
+from mok import macrobatch
 from mok._arguments import check_range, check_tensor, describe
 from mok.workspace import MAX_TOPK
 
@@ -286,3 +287,24 @@ def _present(shared_value) -> bool:
     if isinstance(shared_value, torch.Tensor):
         return shared_value.numel() > 0
     return shared_value is not None
+
+
+def check_context(ctx, schedule, ws, routed_gate_weights, shared_gate_weights, mxfp8,
+                  macrobatch_size) -> None:  # fmt: skip
+    """The context against this backward: made with this schedule and workspace (when it says),
+    its tensors of this step's shapes (routed: the rows forward kept, mok.macrobatch)."""
+    for name, given in (("schedule", schedule), ("workspace", ws)):
+        made_with = getattr(ctx, name)
+        if made_with is not None and made_with is not given:
+            raise ValueError(
+                f"`forward_context` was made by forward with another {name}: pass the {name} "
+                "that forward ran with"
+            )
+    gate = routed_gate_weights[0] if mxfp8 else routed_gate_weights
+    experts = schedule.tokens_per_expert.shape[0]
+    rows = macrobatch.kept_rows(schedule.peer_rank.shape[0], macrobatch_size, experts)
+    sizes = (rows, ws.num_local_tokens, ws.hidden_size, gate.shape[1])
+    saved = [getattr(ctx, name) for name in SAVED_FIELDS]
+    check_saved(saved, prefix="forward_context.", mxfp8=mxfp8,
+                shared=shared_gate_weights is not None, sizes=sizes,
+                device=ws.device)  # fmt: skip

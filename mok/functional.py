@@ -12,9 +12,10 @@ from dataclasses import dataclass
 
 import torch
 
-from mok import _moe_arguments, backends, macrobatch, ops, passes, settings
+from mok import _moe_arguments, backends, ops, passes, settings
 from mok import status as device_status
 from mok._arguments import check_range, check_tensor, check_type
+from mok._moe_arguments import check_context as _check_context
 from mok.backends.reference import exchange
 from mok.config import MoKConfig
 from mok.ops import fused_backward, fused_forward
@@ -373,27 +374,6 @@ def _backward_pass(engine, schedule, ctx, grad_output, x, router_weights, shared
     return passes.backward(engine, read[Buffer.D_Y], shared, routed, saved, shared_saved,
                            read[Buffer.X], schedule, limit, mxfp8,
                            macrobatch_size)  # fmt: skip
-
-
-def _check_context(ctx, schedule, ws, routed_gate_weights, shared_gate_weights, mxfp8,
-                   macrobatch_size) -> None:  # fmt: skip
-    """The context against this backward: made with this schedule and workspace (when it says),
-    its tensors of this step's shapes (routed: the rows forward kept, mok.macrobatch)."""
-    for name, given in (("schedule", schedule), ("workspace", ws)):
-        made_with = getattr(ctx, name)
-        if made_with is not None and made_with is not given:
-            raise ValueError(
-                f"`forward_context` was made by forward with another {name}: pass the {name} "
-                "that forward ran with"
-            )
-    gate = routed_gate_weights[0] if mxfp8 else routed_gate_weights
-    experts = schedule.tokens_per_expert.shape[0]
-    rows = macrobatch.kept_rows(schedule.peer_rank.shape[0], macrobatch_size, experts)
-    sizes = (rows, ws.num_local_tokens, ws.hidden_size, gate.shape[1])
-    saved = [getattr(ctx, name) for name in _moe_arguments.SAVED_FIELDS]
-    _moe_arguments.check_saved(saved, prefix="forward_context.", mxfp8=mxfp8,
-                          shared=shared_gate_weights is not None, sizes=sizes,
-                          device=ws.device)  # fmt: skip
 
 
 def check_status(workspace: MoKWorkspace) -> None:

@@ -186,16 +186,9 @@ def all_gather_top_experts(
     src = _extension.aligned(top_experts)
     if sync_before:
         barrier(ws, "routing gather")
-    _run(
-        ws,
-        "comm_all_gather",
-        src=src.data_ptr(),
-        dst_table=ws.peer_ptr_tables["all_gather_top_experts_buffer"].data_ptr(),
-        bytes=src.numel() * 4,
-        rank=ws.ep_rank,
-        ep=ws.ep_size,
-        chunk_bytes=chunk_bytes,
-    )
+    table = ws.peer_ptr_tables["all_gather_top_experts_buffer"].data_ptr()
+    _run(ws, "comm_all_gather", src=src.data_ptr(), dst_table=table, bytes=src.numel() * 4,
+         rank=ws.ep_rank, ep=ws.ep_size, chunk_bytes=chunk_bytes)  # fmt: skip
     barrier(ws, "routing gathered")
     return ws.all_gather_top_experts_buffer
 
