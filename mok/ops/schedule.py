@@ -64,7 +64,8 @@ def schedule_worst_case_rows(routes: int, num_local_experts: int) -> int:
     return padded // 256 * 256
 
 
-def _check_schedule_args(topk_all, num_local_experts: int, schedule_capacity: int, rank) -> None:
+def _check_schedule_args(topk_all, num_local_experts: int, schedule_capacity: int, rank,
+                         status) -> None:  # fmt: skip
     check_tensor(
         "topk_all", topk_all, dtype=torch.int32, shape=(None, None, None), dims=("EP", "T", "k")
     )
@@ -75,6 +76,7 @@ def _check_schedule_args(topk_all, num_local_experts: int, schedule_capacity: in
             f"`schedule_capacity` must be a positive multiple of 256, got {schedule_capacity}"
         )
     check_multiple("num_local_experts", num_local_experts, 1)
+    check_tensor("status", status, dtype=torch.int32, shape=(1,), device=topk_all.device)
 
 
 @custom_op("mok::schedule", mutates_args=("status",))
@@ -87,7 +89,7 @@ def schedule_op(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """`schedule` with its status word (int32 [1]) given. An id at or past EP * E (or below -1,
     which marks a route already found invalid) is skipped and recorded as INVALID_EXPERT_ID."""
-    _check_schedule_args(topk_all, num_local_experts, schedule_capacity, rank)
+    _check_schedule_args(topk_all, num_local_experts, schedule_capacity, rank, status)
     num_experts = topk_all.shape[0] * num_local_experts
     invalid = (topk_all >= num_experts) | (topk_all < -1)
     device_status.record(status, device_status.INVALID_EXPERT_ID, invalid)

@@ -188,6 +188,19 @@ def test_a_schedule_for_a_rank_outside_the_group_is_refused(rank):
 
 
 @pytest.mark.parametrize(
+    "status",
+    [torch.zeros(1, dtype=torch.float32), torch.zeros(2, dtype=torch.int32)],
+    ids=["float32", "two-words"],
+)
+def test_the_schedule_op_checks_its_status_word(status):
+    """The backends launch without checking (the entries do): the op's word is the op's to check,
+    or the CUDA kernel would OR into whatever it was given."""
+    topk_all = torch.zeros(1, 4, 2, dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"`status` must be int32 \[1\]"):
+        ops.schedule(topk_all, 2, 4096, 0, status)
+
+
+@pytest.mark.parametrize(
     ("variable", "value"), [("MOK_COMM_TIMEOUT_S", "soon"), ("MOK_GROUPED_GEMM", "cublas")]
 )
 def test_a_bad_setting_is_an_error_on_every_backend(single_rank_group, monkeypatch, variable,

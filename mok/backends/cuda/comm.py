@@ -36,17 +36,16 @@ precedes the pushes (`zero_fill=True`, `zero_destination`); a caller that passes
 
 from __future__ import annotations
 
+import math
 import zlib
 
 import torch
 
 from mok import settings
 from mok import status as device_status
+from mok.backends.cuda import comm_operands as operands
 from mok.backends.cuda import extension as _extension
 from mok.workspace import Buffer, MoKWorkspace
-
-_PULL_SOURCES = (Buffer.X, Buffer.D_Y)  # [T, H] buffers whose rows are tokens
-_PUSH_DESTINATIONS = (Buffer.COMBINE, Buffer.D_X_ROUTED, Buffer.D_ROUTER_WEIGHT)
 
 
 def _run(ws: MoKWorkspace, kernel: str, **arguments) -> None:
@@ -64,68 +63,13 @@ def _default_ctas(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _check(name: str, tensor: torch.Tensor, dtype: torch.dtype, device: torch.device) -> None:
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"`{name}` must be a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.dtype != dtype:
-        raise TypeError(f"`{name}` must be {dtype}, got {tensor.dtype}")
-    if tensor.device != device:
-        raise ValueError(f"`{name}` must be on {device}, got {tensor.device}")
-
-
-def _schedule_rows(ws: MoKWorkspace, schedule) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(peer_rank, peer_token_idx, num_tokens) of a MoKSchedule or its 4-tuple, checked."""
-    parts = schedule.as_tuple() if hasattr(schedule, "as_tuple") else tuple(schedule)
-    if len(parts) != 4:
-        raise TypeError("`schedule` must be a MoKSchedule or its 4-tuple of tensors")
-    peer_rank, peer_token_idx, num_tokens, _ = parts
-    for name, t in (("peer_rank", peer_rank), ("peer_token_idx", peer_token_idx)):
-        _check(name, t, torch.int32, ws.device)
-        if t.dim() != 1 or not t.is_contiguous():
-            raise ValueError(f"`{name}` must be a contiguous int32 [C], got shape {list(t.shape)}")
-    _check("num_tokens", num_tokens, torch.int32, ws.device)
-    if peer_token_idx.shape != peer_rank.shape or num_tokens.shape != (1,):
-        raise ValueError(
-            "schedule shapes must be peer_rank [C], peer_token_idx [C], num_tokens [1]; got "
-            f"{list(peer_rank.shape)}, {list(peer_token_idx.shape)}, {list(num_tokens.shape)}"
-        )
-    return peer_rank, peer_token_idx, num_tokens
-
-
-def _buffer(ws: MoKWorkspace, name: str, allowed: tuple[str, ...]) -> torch.Tensor:
-    if name not in allowed:
-        raise ValueError(f"buffer name must be one of {allowed}, got {name!r}")
-    return getattr(ws, name)
-
-
-def direct_source(ws: MoKWorkspace, name: str, buffer: torch.Tensor, source) -> int:
-    """The address a pull reads instead of the peers' `name` buffers (0: those): at EP 1 the
-    caller's own rows `source`, read in place (no copy into the buffer first). It must be what
-    the buffer would hold: its dtype and shape, contiguous, on its device, 16-byte aligned."""
-    if source is None:
-        return 0
-    if ws.ep_size != 1:
-        raise ValueError(f"`source` (read in place) needs EP 1, got EP {ws.ep_size}")
-    _check("source", source, buffer.dtype, ws.device)
-    if source.shape != buffer.shape or not source.is_contiguous():
-        raise ValueError(
-            f"`source` must be a contiguous {list(buffer.shape)} like `{name}`, got "
-            f"{list(source.shape)} with strides {list(source.stride())}"
-        )
-    if source.data_ptr() % _extension.ALIGNMENT:
-        raise ValueError(
-            f"`source` must be {_extension.ALIGNMENT}-byte aligned, got address {source.data_ptr()}"
-        )
-    return source.data_ptr()
-
-
 def zero_destination(ws: MoKWorkspace, name: str, routes: torch.Tensor | None = None):
     """Zero the rows of this rank's push destination `name` (one of the combine buffers) that
     no rank will push, and return it; they read as zero once a barrier has followed (see
     `push_rows`). With the schedule's `routes` (this rank's int32 routing, given when the
     capacity rules out dropped routes: MoKSchedule.unpushed_routes) those are the rows of this
     rank's invalid expert ids; without them every row is zeroed (docs/exchanges.md)."""
-    dest = _buffer(ws, name, _PUSH_DESTINATIONS)
+    dest = operands.buffer_named(ws, name, operands.PUSH_DESTINATIONS)
     if routes is None:
         dest.zero_()
         return dest
@@ -177,7 +121,7 @@ def all_gather_top_experts(
     while the peer still reads the previous all-gather. Each CTA copies `chunk_bytes` at a time
     (MoKConfig.all_gather_top_experts_chunk_bytes; 0: 32 KiB), at most 64 CTAs a peer.
     """
-    _check("top_experts", top_experts, torch.int32, ws.device)
+    operands.check_operand("top_experts", top_experts, torch.int32, ws.device)
     shape = (ws.num_local_tokens, ws.topk)
     if tuple(top_experts.shape) != shape:
         raise ValueError(
@@ -217,19 +161,29 @@ def combine_status(ws: MoKWorkspace, num_local_experts: int) -> None:
 
 
 def _pull(ws, name, source, schedule, out, divisor, sync, num_ctas, zero_rest, src_direct=0):
-    peer_rank, peer_token_idx, num_tokens = _schedule_rows(ws, schedule)
+    """The checks of a pull (`pull_rows`, `pull_router_weights`), then `launch_pull`."""
+    schedule_rows = operands.schedule_rows(ws, schedule)
     if out is None:
-        out = source.new_empty((peer_rank.shape[0], *source.shape[1:]))
-    _check_out(ws, name, out, source, peer_rank.shape[0])
+        out = source.new_empty((schedule_rows[0].shape[0], *source.shape[1:]))
+    operands.check_out(ws, name, out, source, schedule_rows[0].shape[0])
+    return launch_pull(ws, name, source, schedule_rows, out, divisor, sync, num_ctas, zero_rest,
+                       src_direct)  # fmt: skip
+
+
+def launch_pull(ws, name, source, schedule_rows, out, divisor, sync, num_ctas, zero_rest,
+                src_direct=0):  # fmt: skip
+    """A pull of `source`'s rows (buffer `name`, or the caller's rows at `src_direct`) into
+    `out` by (peer_rank, peer_token_idx, num_tokens), on operands already checked: by `_pull`,
+    or by the entry whose arguments the engine passes on (docs/compat-edge.md)."""
     run_pull(
         ws,
         "comm_pull_rows",
         name,
-        (peer_rank, peer_token_idx, num_tokens),
+        schedule_rows,
         sync,
         out=out.data_ptr(),
-        rows=peer_rank.shape[0],
-        row_bytes=source[0].numel() * source.element_size(),
+        rows=out.shape[0],
+        row_bytes=math.prod(source.shape[1:]) * source.element_size(),
         src_rows=source.shape[0],
         divisor=divisor,
         ctas=num_ctas or _default_ctas(ws.device),
@@ -287,29 +241,19 @@ def pull_rows(
     `sync_before` waits until every rank has written its source buffer; `sync_after` keeps the
     sources from being overwritten while a peer still pulls from them.
     """
-    buffer = _buffer(ws, source_buffer_name, _PULL_SOURCES)
+    buffer = operands.buffer_named(ws, source_buffer_name, operands.PULL_SOURCES)
     sync = (sync_before, sync_after)
-    direct = direct_source(ws, source_buffer_name, buffer, source)
+    direct = operands.direct_source(ws, source_buffer_name, buffer, source)
     return _pull(ws, source_buffer_name, buffer, schedule, out, ws.topk, sync, num_ctas,
                  zero_rest, direct)  # fmt: skip
 
 
 def pull_operands(ws: MoKWorkspace, name: str, schedule, out: torch.Tensor, source=None):
     """(buffer `name`, its in-place address or 0, the schedule rows) of a pull into `out`."""
-    buffer = _buffer(ws, name, _PULL_SOURCES)
-    schedule_rows = _schedule_rows(ws, schedule)
-    _check_out(ws, name, out, buffer, schedule_rows[0].shape[0])
-    return buffer, direct_source(ws, name, buffer, source), schedule_rows
-
-
-def _check_out(ws: MoKWorkspace, name: str, out, source: torch.Tensor, rows: int) -> None:
-    """`out` takes one row of `source` (buffer `name`) per schedule row."""
-    _check("out", out, source.dtype, ws.device)
-    if tuple(out.shape) != (rows, *source.shape[1:]) or not out.is_contiguous():
-        raise ValueError(
-            f"`out` must be a contiguous {source.dtype} {[rows, *source.shape[1:]]} (one row per "
-            f"schedule row of `{name}`), got {list(out.shape)}"
-        )
+    buffer = operands.buffer_named(ws, name, operands.PULL_SOURCES)
+    schedule_rows = operands.schedule_rows(ws, schedule)
+    operands.check_out(ws, name, out, buffer, schedule_rows[0].shape[0])
+    return buffer, operands.direct_source(ws, name, buffer, source), schedule_rows
 
 
 def pull_router_weights(
@@ -327,7 +271,7 @@ def pull_router_weights(
     peer_token_idx[i] (fp32 [C]); 0 on padding rows. Barriers, `zero_rest` and `source` (EP 1:
     the caller's fp32 [T, k] router weights, read in place) as in `pull_rows`."""
     buffer = ws.router_weight_buffer
-    direct = direct_source(ws, Buffer.ROUTER_WEIGHT, buffer, source)
+    direct = operands.direct_source(ws, Buffer.ROUTER_WEIGHT, buffer, source)
     sync = (sync_before, sync_after)
     return _pull(ws, Buffer.ROUTER_WEIGHT, buffer.view(-1), schedule, out, 1, sync, num_ctas,
                  zero_rest, direct)  # fmt: skip
@@ -359,9 +303,9 @@ def push_rows(
     """
     if zero_fill and not sync_before:
         raise ValueError("`zero_fill=True` needs `sync_before=True`: the zeros must land first")
-    dest = _buffer(ws, dest_buffer_name, _PUSH_DESTINATIONS)
-    peer_rank, peer_token_idx, num_tokens = _schedule_rows(ws, schedule)
-    _check("rows", rows, dest.dtype, ws.device)
+    dest = operands.buffer_named(ws, dest_buffer_name, operands.PUSH_DESTINATIONS)
+    peer_rank, peer_token_idx, num_tokens = operands.schedule_rows(ws, schedule)
+    operands.check_operand("rows", rows, dest.dtype, ws.device)
     slots = ws.num_local_tokens * ws.topk
     row_elems = dest.numel() // slots
     expected = (peer_rank.shape[0], *([row_elems] if rows.dim() == 2 else []))

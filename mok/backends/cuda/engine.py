@@ -139,22 +139,20 @@ class CudaEngine:
             self._waiting.wait_stream(_comm_stream(self.ws))
             self._waiting = None
 
-    @staticmethod
-    def _pull_options(sync, ctas) -> dict:
-        """Keywords of a pass's pulls: the barriers `sync` asks for, and rows past num_tokens
-        left unwritten (the routed GEMMs never read them)."""
-        before, after = sync
-        return {"sync_before": before, "sync_after": after, "num_ctas": ctas, "zero_rest": False}
-
     def pull(self, name: str, schedule, background: bool = False, *, sync=(True, True)):
-        """`sync` = (barrier before, barrier after), as cuda_comm.pull_rows's flags."""
+        """`sync` = (barrier before, barrier after), as cuda_comm.pull_rows's flags. Rows past
+        num_tokens are left unwritten (the routed GEMMs never read them). The operands are the
+        checked entry's and the engine's own, so the pull launches without pull_rows's checks."""
         source = getattr(self.ws, name)
+        return self._launch_pull(name, source, schedule, self.ws.topk, background, sync)
+
+    def _launch_pull(self, name, source, schedule, divisor, background, sync):
         out = source.new_empty((schedule[0].shape[0], *source.shape[1:]))
+        in_place = self._in_place.get(name)
+        address = 0 if in_place is None else in_place.data_ptr()
         with self._exchange(background) as ctas:
-            return cuda_comm.pull_rows(
-                self.ws, name, schedule, out, source=self._in_place.get(name),
-                **self._pull_options(sync, ctas),
-            )  # fmt: skip
+            return cuda_comm.launch_pull(self.ws, name, source, schedule[:3], out, divisor, sync,
+                                         ctas, False, address)  # fmt: skip
 
     def pull_beside(self, name: str, schedule, gemm, *, sync=(True, True)):
         """(rows, pull): `pull`'s rows, and the pull itself for the GEMM engine to run beside its
@@ -213,12 +211,10 @@ class CudaEngine:
         return lambda: rounding(rows)
 
     def pull_router_weights(self, schedule, background: bool = False, *, sync=(True, True)):
-        out = self.ws.router_weight_buffer.new_empty(schedule[0].shape[0])
-        with self._exchange(background) as ctas:
-            return cuda_comm.pull_router_weights(
-                self.ws, schedule, out, source=self._in_place.get(Buffer.ROUTER_WEIGHT),
-                **self._pull_options(sync, ctas),
-            )  # fmt: skip
+        """The fp32 router weight of each row (cuda_comm.pull_router_weights, unchecked as
+        `pull`)."""
+        source = self.ws.router_weight_buffer.view(-1)
+        return self._launch_pull(Buffer.ROUTER_WEIGHT, source, schedule, 1, background, sync)
 
     def push_all(self, pushes, schedule, background: bool = False) -> None:
         """Combine each (rows, destination name): the rows nobody pushes zeroed in every

@@ -16,8 +16,10 @@ from mok.backends.cuda import schedule as schedule_stage
 from mok.backends.cuda.engine import CudaEngine
 from mok.workspace import Buffer, MoKWorkspace, workspace_for
 
-routing = schedule_stage.routing
-schedule = schedule_stage.schedule
+# The entries (mok.functional, the flat ops) check their arguments first: the registry's face
+# launches without checking them again (docs/compat-edge.md).
+routing = schedule_stage.launch_routing
+schedule = schedule_stage.launch_schedule
 mxfp8_quantize = mxfp8.mxfp8_quantize
 fwd_epilogue = epilogue.fwd_epilogue
 bwd_epilogue = epilogue.bwd_epilogue

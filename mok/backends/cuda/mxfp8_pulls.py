@@ -16,8 +16,9 @@ from __future__ import annotations
 import torch
 
 from mok._arguments import check_tensor
+from mok.backends.cuda import comm_operands as operands
 from mok.backends.cuda import mxfp8
-from mok.backends.cuda.comm import _PULL_SOURCES, _buffer, _schedule_rows, direct_source, run_pull
+from mok.backends.cuda.comm import run_pull
 from mok.backends.cuda.experimental import f16_rows
 from mok.workspace import MoKWorkspace
 
@@ -130,10 +131,10 @@ def _tiled_pull(ws: MoKWorkspace, source_buffer_name: str, schedule, num_ctas, d
     """((name, source, its address if read in place else 0), schedule rows, (C, H)) of a tiled
     pull, its sizes and `num_ctas` checked; the source is the buffer, or `direct` (checked:
     cuda_comm.direct_source) where given."""
-    source = _buffer(ws, source_buffer_name, _PULL_SOURCES)
-    address = direct_source(ws, source_buffer_name, source, direct)
+    source = operands.buffer_named(ws, source_buffer_name, operands.PULL_SOURCES)
+    address = operands.direct_source(ws, source_buffer_name, source, direct)
     source = source if direct is None else direct
-    schedule_rows = _schedule_rows(ws, schedule)
+    schedule_rows = operands.schedule_rows(ws, schedule)
     rows, cols = schedule_rows[0].shape[0], source.shape[1]
     if rows % _TILE or cols % _TILE:
         raise ValueError(

@@ -50,6 +50,12 @@ def routing(ids: torch.Tensor, num_experts: int, status: torch.Tensor) -> torch.
         raise ValueError(f"`ids` must be on a CUDA device, got {ids.device}")
     check_tensor("status", status, dtype=torch.int32, shape=(1,), device=ids.device)
     check_range("num_experts", num_experts, 1, _INT32_MAX)
+    return launch_routing(ids, num_experts, status)
+
+
+def launch_routing(ids: torch.Tensor, num_experts: int, status: torch.Tensor) -> torch.Tensor:
+    """`routing` on arguments an entry point has checked (the registry's face: the functional
+    API and the flat ops check theirs first; docs/compat-edge.md)."""
     ids = ids.contiguous()
     out = torch.empty(ids.shape, dtype=torch.int32, device=ids.device)
     _extension.launch(
@@ -90,13 +96,20 @@ def schedule(
     device.
     """
     _check(topk_all, num_local_experts, capacity, rank, status)
+    if route_rows is not None:
+        routes = topk_all.shape[1] * topk_all.shape[2]
+        check_tensor("route_rows", route_rows, dtype=torch.int32, shape=(routes,),
+                     dims=("T * k",), device=topk_all.device)  # fmt: skip
+    return launch_schedule(topk_all, num_local_experts, capacity, rank, status, route_rows)
+
+
+def launch_schedule(topk_all, num_local_experts, capacity, rank, status, route_rows=None):
+    """`schedule` on arguments an entry point has checked (the registry's face, as
+    launch_routing)."""
     module = _extension.module_for_device(topk_all.device)
     topk_all = topk_all.contiguous()
     ep, tokens, topk = topk_all.shape
     routes, device = tokens * topk, topk_all.device
-    if route_rows is not None:
-        check_tensor("route_rows", route_rows, dtype=torch.int32, shape=(routes,),
-                     dims=("T * k",), device=device)  # fmt: skip
 
     def int32(*shape: int) -> torch.Tensor:
         return torch.empty(shape, dtype=torch.int32, device=device)
