@@ -33,6 +33,13 @@ from mok.testing import OneDeviceGroup
 # The rounding-point tolerances of test_reference_forward.py and test_reference_backward.py.
 ROUNDED_REL, ROUNDED_MAX_FRACTION, ROUNDED_ROW_REL = 2e-4, 1 / 64, 5e-3
 PER_TOKEN = {"out", "d_x", "d_router_weights"}
+# The oracle rounds where mok stores, but from float64 values: where mok's fp32 value lies on the
+# other side of a bf16 rounding boundary, a stored tensor differs by one unit in the last place,
+# and that flip moves everything computed from it. Over many tokens such flips average out under
+# ROUNDED_REL; over a few they cannot (T 1: one flipped up value, through hidden and y, moved 8 of
+# the 128 outputs by one ulp, 2.3e-4 of the row), so below this many tokens the per-token limit
+# is the whole tensor's too.
+MIN_AVERAGED_TOKENS = 16
 
 SCENARIOS = st.builds(
     Scenario,
@@ -60,8 +67,11 @@ def _problems(name: str, actual: list, expected: list) -> list[str]:
     if expected[0] is None:
         return [f"{name}: present without a shared expert"] if actual[0] is not None else []
     scale = max(e.abs().max().item() for e in expected)
-    tolerance = {"rel": ROUNDED_REL, "max_abs": scale * ROUNDED_MAX_FRACTION}
-    row_rel = ROUNDED_ROW_REL if name in PER_TOKEN else None
+    per_token = name in PER_TOKEN
+    averaged = not per_token or expected[0].shape[0] >= MIN_AVERAGED_TOKENS
+    tolerance = {"rel": ROUNDED_REL if averaged else ROUNDED_ROW_REL,
+                 "max_abs": scale * ROUNDED_MAX_FRACTION}  # fmt: skip
+    row_rel = ROUNDED_ROW_REL if per_token else None
     found = []
     for rank, (a, e) in enumerate(zip(actual, expected, strict=True)):
         problem = mismatch(a, e, row_rel=row_rel, **tolerance)
@@ -80,6 +90,9 @@ def _problems(name: str, actual: list, expected: list) -> list[str]:
 # Found by a local run: the oracle kept d_h in float64 where mok keeps it in fp32, a rounding
 # point downstream went the other way and, through an MX block of d_gate, moved a d_x row 2%.
 @example(scenario=Scenario("mxfp8", False, False, "skewed"), ep=3, tokens=21, seed=2177154)
+# Found by a local run: at T 1 a flip of one stored value moved 2.3e-4 of the only row
+# (MIN_AVERAGED_TOKENS).
+@example(scenario=Scenario("bf16", False, False, "invalid"), ep=1, tokens=1, seed=153624)
 def test_a_step_matches_the_rounding_points(scenario, ep, tokens, seed):
     inputs = inputs_for(scenario, ep, seed, tokens)
     got = _run(scenario, ep, tokens, inputs)
