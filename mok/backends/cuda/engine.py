@@ -69,7 +69,7 @@ class CudaEngine:
         """The caller's tensors for the buffers a pass pulls from (already checked by the
         entry: the buffers' shapes and dtypes, contiguous); returns, for each, what the pass
         reads. At EP 1, where the only source is this rank's, the pulls read each one in place
-        if it is 16-byte aligned (cuda_comm.direct_source): a copy less before the first GEMM.
+        if it is 16-byte aligned (comm_operands.direct_source): a copy less before the first GEMM.
         Any other is copied into its workspace buffer here, for the peers, and the pass reads
         the buffer (so the shared expert's GEMMs see the aligned operand they always saw)."""
         read = {}

@@ -49,7 +49,7 @@ def pull_round(
     times 2^(127 - R) with R the exponent byte of the source token (f16_rows.row_exponents
     of the source buffer, one more pass over the T local tokens), the MXFP8 GEMM on f16
     operands' input (f16_rows.linear_mx_f16). `source` (EP 1): the caller's rows, read in place
-    instead of the buffer (cuda_comm.direct_source).
+    instead of the buffer (comm_operands.direct_source).
     """
     named, schedule_rows, (rows, cols) = _tiled_pull(ws, source_buffer_name, schedule, num_ctas,
                                                      source)  # fmt: skip
@@ -130,7 +130,7 @@ def _run_pull_round(ws, named_source, schedule_rows, sync, num_ctas, values, **o
 def _tiled_pull(ws: MoKWorkspace, source_buffer_name: str, schedule, num_ctas, direct=None):
     """((name, source, its address if read in place else 0), schedule rows, (C, H)) of a tiled
     pull, its sizes and `num_ctas` checked; the source is the buffer, or `direct` (checked:
-    cuda_comm.direct_source) where given."""
+    comm_operands.direct_source) where given."""
     source = operands.buffer_named(ws, source_buffer_name, operands.PULL_SOURCES)
     address = operands.direct_source(ws, source_buffer_name, source, direct)
     source = source if direct is None else direct
