@@ -152,7 +152,8 @@ class CudaEngine:
         address = 0 if in_place is None else in_place.data_ptr()
         with self._exchange(background) as ctas:
             return cuda_comm.launch_pull(self.ws, name, source, schedule[:3], out, divisor, sync,
-                                         ctas, False, address)  # fmt: skip
+                                         num_ctas=ctas, zero_rest=False,
+                                         src_direct=address)  # fmt: skip
 
     def pull_beside(self, name: str, schedule, gemm, *, sync=(True, True)):
         """(rows, pull): `pull`'s rows, and the pull itself for the GEMM engine to run beside its
