@@ -154,19 +154,34 @@ def build_schedule(
             device=ws.device,
         )
         check_range("num_local_experts", num_local_experts, 1, (2**31 - 1) // ws.ep_size)
-    num_experts = ws.ep_size * num_local_experts
-    routing = _routing(top_experts, num_experts, ws.status)
-    schedule = _eager_backend_or(ops.schedule_op, "schedule", ws.device)
     rows = ws.schedule_rows(num_local_experts)
+    if ws.ep_size == 1 and not torch.compiler.is_compiling():
+        # One rank's schedule straight from its ids: the routing and the route rows come with
+        # it, from the same launches (docs/host-overhead.md).
+        backend = backends.for_device(ws.device)
+        *result, routing, route_rows = backend.local_schedule(
+            top_experts, num_local_experts, rows, ws.status
+        )
+    else:
+        result, routing, route_rows = _gathered_schedule(ws, config, top_experts,
+                                                         num_local_experts, rows)  # fmt: skip
+    if settings.debug():
+        device_status.check(ws.status)
+    return MoKSchedule(*result, routes=routing, routes_complete=_keeps_every_route(ws),
+                       route_rows=route_rows)  # fmt: skip
+
+
+def _gathered_schedule(ws: MoKWorkspace, config: MoKConfig, top_experts, num_local_experts, rows):
+    """(schedule outputs, routing, route rows or None): the routing validated, all-gathered and
+    scheduled in turn, every rank's status word combined."""
+    routing = _routing(top_experts, ws.ep_size * num_local_experts, ws.status)
+    schedule = _eager_backend_or(ops.schedule_op, "schedule", ws.device)
     gathered = _all_gather(ws, config, routing)
     route_rows = route_rows_to_fill(ws.ep_size, ws.num_local_tokens * ws.topk, ws.device)
     in_place = {} if route_rows is None else {"route_rows": route_rows}
     result = schedule(gathered, num_local_experts, rows, ws.ep_rank, ws.status, **in_place)
     _combine_status(ws, num_local_experts)
-    if settings.debug():
-        device_status.check(ws.status)
-    return MoKSchedule(*result, routes=routing, routes_complete=_keeps_every_route(ws),
-                       route_rows=route_rows)  # fmt: skip
+    return result, routing, route_rows
 
 
 def _keeps_every_route(ws: MoKWorkspace) -> bool:

@@ -53,7 +53,8 @@ inline int64_t schedule_workspace_bytes(int64_t ep, int64_t routes, int64_t expe
 inline void schedule(uintptr_t topk_all, uintptr_t peer_rank, uintptr_t peer_token_idx,
                      uintptr_t num_tokens, uintptr_t tokens_per_expert, uintptr_t status,
                      uintptr_t workspace, int64_t ep, int64_t routes, int64_t experts,
-                     int64_t capacity, int64_t rank, uintptr_t stream, uintptr_t route_rows) {
+                     int64_t capacity, int64_t rank, uintptr_t stream, uintptr_t route_rows,
+                     uintptr_t ids) {
   namespace checks = schedule_checks;
   checks::check_sizes(ep, routes, experts);
   checks::check_range("rank", rank, 0, ep - 1);
@@ -71,6 +72,11 @@ inline void schedule(uintptr_t topk_all, uintptr_t peer_rank, uintptr_t peer_tok
   if (route_rows != 0 && routes > 0) {
     checks::check_address("route_rows", route_rows, alignof(int32_t));
   }
+  if (ids != 0) {
+    checks::require(ep == 1, "`ids` is for a one-rank schedule (ep 1), got ep " +
+                                 std::to_string(ep));
+    if (routes > 0) checks::check_address("ids", ids, alignof(int64_t));
+  }
 
   schedule::Args args;
   args.topk_all = reinterpret_cast<const int32_t*>(topk_all);
@@ -86,6 +92,7 @@ inline void schedule(uintptr_t topk_all, uintptr_t peer_rank, uintptr_t peer_tok
   args.capacity = capacity;
   args.rank = rank;
   args.route_rows = reinterpret_cast<int32_t*>(route_rows);
+  args.ids = reinterpret_cast<const int64_t*>(ids);
   check_cuda(schedule::launch(args, reinterpret_cast<cudaStream_t>(stream)), "schedule launch");
 }
 
@@ -115,7 +122,7 @@ inline void bind_schedule(pybind11::module_& m) {
         py::arg("peer_token_idx"), py::arg("num_tokens"), py::arg("tokens_per_expert"),
         py::arg("status"), py::arg("workspace"), py::arg("ep"), py::arg("routes"),
         py::arg("experts"), py::arg("capacity"), py::arg("rank"), py::arg("stream"),
-        py::arg("route_rows") = 0,
+        py::arg("route_rows") = 0, py::arg("ids") = 0,
         R"doc(The routed-row schedule of destination `rank` on `stream` (asynchronous, no sync).
 
 All buffers are contiguous device addresses:
@@ -128,6 +135,10 @@ All buffers are contiguous device addresses:
   workspace          schedule_workspace_bytes(ep, routes, experts) bytes, 8-byte aligned
   route_rows         int32 [routes]      optional out (0: none): the row of each route of source
                                          `rank` itself, -1 for a route placed nowhere here
+  ids                int64 [routes]      optional (0: none; ep 1 only): global expert ids, read in
+                                         place of topk_all, which becomes an out: the routing
+                                         `routing` writes (1, INVALID_EXPERT_ID, OR-ed into status
+                                         if an id is outside [0, experts))
 The order is mok.backends.reference.schedule's, bit for bit. Raises ValueError for bad
 arguments and RuntimeError for a CUDA error.)doc");
   m.def("routing", &routing, py::arg("ids"), py::arg("routing"), py::arg("status"),

@@ -7,9 +7,11 @@
 //   count_kernel    block (chunk, src): hist[src][chunk][e] = routes of the chunk to local e;
 //                   grid-stride, peer_rank, peer_token_idx (and route_rows) := -1 (every row
 //                   not written below is padding: here, not in three memsets, so the host makes
-//                   three calls fewer before the first GEMM)
+//                   three calls fewer before the first GEMM); from int64 ids at EP 1 it also
+//                   writes the routing (the int32 ids, -1 for an invalid one)
 //   columns_kernel  thread (src, e): hist := exclusive scan over chunks; count[e][src] = total
 //   segment_kernel  one block: segment starts (padded to 256 rows), tokens_per_expert, num_tokens
+//                   (columns_segment_kernel: both in one block, where EP * E fits in it)
 //   place_kernel    block (chunk, src): each route's ordinal j within its (src, e), its row
 //                   seg_start[e] + sum_s min(count[e][s], j) + #{s < src : count[e][s] > j}
 //                   (the whole rounds before j, then the sources before src in round j), and the
@@ -38,6 +40,7 @@ struct Params {
   int32_t* count;
   int32_t* hist;
   int32_t* route_rows;  // or null
+  const int64_t* ids;   // or null: count_kernel's keys come from these, see schedule.h
   int64_t routes;
   int64_t chunk;
   int64_t chunks;
@@ -90,6 +93,27 @@ __device__ void fill_padding(const Params& p) {
   for (int64_t i = first; i < p.routes; i += threads) p.route_rows[i] = -1;
 }
 
+// load_keys from the int64 ids (EP 1: every expert is local, and local = global id), writing
+// each route's int32 routing where place_kernel will read its key; true if an id was invalid.
+__device__ __forceinline__ bool load_id_keys(const Params& p, int warp, int lane,
+                                             int (&keys)[kSteps]) {
+  const int64_t first = piece_start(p, warp) + lane;
+  int32_t* routing = const_cast<int32_t*>(p.topk_all);
+  bool invalid = false;
+#pragma unroll
+  for (int step = 0; step < kSteps; ++step) {
+    const int64_t route = first + step * kLanes;
+    keys[step] = -1;
+    if (route >= p.routes) continue;
+    const int64_t id = __ldg(p.ids + route);
+    const bool valid = id >= 0 && id < p.experts;
+    invalid |= !valid;
+    keys[step] = valid ? static_cast<int>(id) : -1;
+    routing[route] = keys[step];
+  }
+  return invalid;
+}
+
 __global__ void count_kernel(const Params p) {
   extern __shared__ int s_hist[];  // [experts]
   fill_padding(p);
@@ -99,19 +123,23 @@ __global__ void count_kernel(const Params p) {
   for (int e = threadIdx.x; e < p.experts; e += blockDim.x) s_hist[e] = 0;
   __syncthreads();
   int keys[kSteps];
-  load_keys(p, src, warp, lane, keys);
+  bool invalid = false;
+  if (p.ids != nullptr) {
+    invalid = load_id_keys(p, warp, lane, keys);
+  } else {
+    load_keys(p, src, warp, lane, keys);
+  }
 #pragma unroll
   for (int step = 0; step < kSteps; ++step) add_warp_counts(keys[step], lane, s_hist);
-  __syncthreads();
+  // One atomic per block that saw a bad id; OR is order-free, so the word is deterministic.
+  if (__syncthreads_or(invalid) && threadIdx.x == 0) atomicOr(p.status, kInvalidExpertId);
   int32_t* out = p.hist + (static_cast<int64_t>(src) * p.chunks + blockIdx.x) * p.experts;
   for (int e = threadIdx.x; e < p.experts; e += blockDim.x) out[e] = s_hist[e];
 }
 
-// One thread per (src, e) column of hist: chunk counts -> exclusive prefix, in chunk order.
-// Loads go out kColumnBatch at a time before the dependent sum so they overlap.
-__global__ void __launch_bounds__(kColumnThreads) columns_kernel(const Params p) {
-  const int64_t column = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (column >= static_cast<int64_t>(p.ep) * p.experts) return;
+// Column (src, e) of hist: chunk counts -> exclusive prefix, in chunk order; count[e][src] =
+// total. Loads go out kColumnBatch at a time before the dependent sum so they overlap.
+__device__ __forceinline__ void scan_column(const Params& p, int64_t column) {
   const int src = static_cast<int>(column / p.experts);
   const int e = static_cast<int>(column % p.experts);
   int32_t* cell = p.hist + static_cast<int64_t>(src) * p.chunks * p.experts + e;
@@ -129,6 +157,12 @@ __global__ void __launch_bounds__(kColumnThreads) columns_kernel(const Params p)
     }
   }
   p.count[static_cast<int64_t>(e) * p.ep + src] = total;
+}
+
+// One thread per column.
+__global__ void __launch_bounds__(kColumnThreads) columns_kernel(const Params p) {
+  const int64_t column = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (column < static_cast<int64_t>(p.ep) * p.experts) scan_column(p, column);
 }
 
 // Rows of local expert e's segment: its routes from every source, rounded up to 256.
@@ -171,7 +205,7 @@ __device__ __forceinline__ int64_t block_exclusive_scan(int64_t value, int64_t& 
 
 // Thread t owns experts [t * per, (t + 1) * per): their padded sizes, one block-wide scan, then
 // the starts. Rows past the capacity are cut exactly as the reference cuts them.
-__global__ void __launch_bounds__(kSegmentThreads) segment_kernel(const Params p) {
+__device__ __forceinline__ void lay_out_segments(const Params& p) {
   const int per = (p.experts + kSegmentThreads - 1) / kSegmentThreads;
   const int first = static_cast<int>(threadIdx.x) * per;
   const int last = min(first + per, p.experts);
@@ -187,6 +221,18 @@ __global__ void __launch_bounds__(kSegmentThreads) segment_kernel(const Params p
     row += rows;
   }
   if (threadIdx.x == 0) *p.num_tokens = static_cast<int32_t>(min(total, p.capacity));
+}
+
+__global__ void __launch_bounds__(kSegmentThreads) segment_kernel(const Params p) {
+  lay_out_segments(p);
+}
+
+// Both steps in one block (ep * experts <= kSegmentThreads): the barrier makes every thread's
+// count stores visible to the block before the segments read them.
+__global__ void __launch_bounds__(kSegmentThreads) columns_segment_kernel(const Params p) {
+  if (threadIdx.x < static_cast<int64_t>(p.ep) * p.experts) scan_column(p, threadIdx.x);
+  __syncthreads();
+  lay_out_segments(p);
 }
 
 // Stores route `route` of `src`, the `ordinal`-th of its (src, key), at its row; false when the
@@ -272,6 +318,7 @@ Params make_params(const Args& a, const Plan& plan) {
   p.first_expert = a.rank * a.experts;
   p.rank = static_cast<int>(a.rank);
   p.route_rows = a.route_rows;
+  p.ids = a.ids;
   p.ep = static_cast<int>(a.ep);
   p.experts = static_cast<int>(a.experts);
   return p;
@@ -323,11 +370,16 @@ cudaError_t launch(const Args& args, cudaStream_t stream) {
     if (status != cudaSuccess) return status;
   }
   const int64_t columns = args.ep * args.experts;
-  const auto column_blocks = static_cast<unsigned>((columns + kColumnThreads - 1) / kColumnThreads);
-  detail::columns_kernel<<<column_blocks, kColumnThreads, 0, stream>>>(p);
-  status = cudaGetLastError();
-  if (status != cudaSuccess) return status;
-  detail::segment_kernel<<<1, kSegmentThreads, 0, stream>>>(p);
+  if (columns <= kSegmentThreads) {
+    detail::columns_segment_kernel<<<1, kSegmentThreads, 0, stream>>>(p);
+  } else {
+    const auto column_blocks =
+        static_cast<unsigned>((columns + kColumnThreads - 1) / kColumnThreads);
+    detail::columns_kernel<<<column_blocks, kColumnThreads, 0, stream>>>(p);
+    status = cudaGetLastError();
+    if (status != cudaSuccess) return status;
+    detail::segment_kernel<<<1, kSegmentThreads, 0, stream>>>(p);
+  }
   status = cudaGetLastError();
   if (status != cudaSuccess || plan.chunks == 0) return status;
   detail::place_kernel<<<blocks, threads, plan.warps * hist_bytes, stream>>>(p);

@@ -23,6 +23,8 @@ constexpr int kMaxWarps = 8;
 // keeps it at 32 KiB, under the 48 KiB every launch gets without an opt-in.
 constexpr int kCounters = 8192;
 constexpr int kSegmentThreads = 1024;
+// Where ep * experts <= kSegmentThreads, one block of kSegmentThreads scans the columns and lays
+// out the segments: a launch fewer.
 constexpr int kColumnThreads = 256;
 constexpr int kRowsPerSegment = 256;
 // The bits mok/status.py calls INVALID_EXPERT_ID and CAPACITY_OVERFLOW (a CPU test keeps them
@@ -87,6 +89,10 @@ struct Args {
   // [routes] out, or null: the row of each of `rank`'s own routes that this schedule places
   // (-1 for the others): at EP 1 every route's, so the combine reads the rows in place.
   int32_t* route_rows = nullptr;
+  // [routes] int64 global expert ids, or null. Given (EP 1 only), the count kernel reads them,
+  // writes the routing `launch_routing` would write into topk_all (which is then an output) and
+  // ORs kInvalidExpertId into status: the routing takes no launch of its own.
+  const int64_t* ids = nullptr;
 };
 
 // Enqueues the memsets and kernels on `stream`; returns the first failing status (never

@@ -20,7 +20,7 @@ import torch
 from mok import settings
 
 # What every backend module offers (tests/cpu/test_backends.py holds both to it).
-BACKEND_FUNCTIONS = ("routing", "schedule", "gather_routing", "combine_status",
+BACKEND_FUNCTIONS = ("routing", "schedule", "local_schedule", "gather_routing", "combine_status",
                      "all_gather_top_experts", "barrier", "engine", "op_engine",
                      "mxfp8_quantize", "fwd_epilogue", "bwd_epilogue")  # fmt: skip
 

@@ -316,6 +316,40 @@ def test_routing_rejects_bad_arguments():
         cuda_schedule.routing(ids, 8, word.long())
 
 
+# (T, k, E): one route; the Qwen3-235B-like shape (columns and segments in one block); E past
+# 1024 (separate column and segment kernels) and E = 8192 (one warp a block).
+LOCAL = {"t1-k1-e1": (1, 1, 1), "t4096-k8-e16": (4096, 8, 16), "t300-k7-e1500": (300, 7, 1500),
+         "t2000-k4-e8192": (2000, 4, 8192)}  # fmt: skip
+
+
+@requires_module
+@pytest.mark.parametrize("case", LOCAL.values(), ids=LOCAL.keys())
+def test_local_schedule_is_routing_then_schedule(case, seed):
+    """A one-rank schedule straight from int64 ids (the routing written by the count kernel):
+    the reference's routing, schedule and route rows, exactly, and the same status word, with
+    invalid ids of every kind and a capacity that overflows."""
+    tokens, topk, experts = case
+    gen = _generator(seed, ("local", case))
+    ids = torch.randint(0, experts, (tokens, topk), generator=gen, device="cuda")
+    extremes = torch.tensor([-1, experts, -(2**31) - 1, 2**31, -(2**63)], device="cuda")
+    bad = torch.rand(ids.shape, generator=gen, device="cuda") < 0.05
+    pick = torch.randint(0, len(extremes), ids.shape, generator=gen, device="cuda")
+    ids = torch.where(bad, extremes[pick], ids)
+    ample = -(-(ids.numel() + 256 * experts) // 256) * 256
+    for capacity in (ample, max(256, ample // 3 // 256 * 256)):
+        got_word = torch.zeros(1, dtype=torch.int32, device="cuda")
+        want_word = got_word.clone()
+        got = cuda_schedule.launch_local_schedule(ids, experts, capacity, got_word)
+        want = reference_schedule.local_schedule(ids, experts, capacity, want_word)
+        names = ("peer_rank", "peer_token_idx", "num_tokens", "tokens_per_expert", "routing",
+                 "route_rows")  # fmt: skip
+        for name, g, w in zip(names, got, want, strict=True):
+            assert g.dtype == w.dtype and g.shape == w.shape, name
+            assert torch.equal(g, w), f"{case} C={capacity}: {name} differs"
+        assert int(got_word) == int(want_word), f"{case} C={capacity}: status"
+        assert bool(int(got_word) & status.INVALID_EXPERT_ID) == bool(bad.any())
+
+
 def _median_us(fn, iterations: int = 50) -> float:
     return median_ms(fn, iterations=iterations) * 1e3
 

@@ -20,6 +20,7 @@ from mok.workspace import Buffer, MoKWorkspace, workspace_for
 # launches without checking them again (docs/compat-edge.md).
 routing = schedule_stage.launch_routing
 schedule = schedule_stage.launch_schedule
+local_schedule = schedule_stage.launch_local_schedule
 mxfp8_quantize = mxfp8.mxfp8_quantize
 fwd_epilogue = epilogue.fwd_epilogue
 bwd_epilogue = epilogue.bwd_epilogue

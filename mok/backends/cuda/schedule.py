@@ -106,21 +106,53 @@ def schedule(
 def launch_schedule(topk_all, num_local_experts, capacity, rank, status, route_rows=None):
     """`schedule` on arguments an entry point has checked (the registry's face, as
     launch_routing)."""
-    module = _extension.module_for_device(topk_all.device)
     topk_all = topk_all.contiguous()
     ep, tokens, topk = topk_all.shape
-    routes, device = tokens * topk, topk_all.device
+    outputs, scratch = _outputs(topk_all.device, ep, tokens * topk, num_local_experts, capacity)
+    _launch_schedule(topk_all, outputs, scratch, capacity, rank, status, route_rows)
+    return outputs
 
-    def int32(*shape: int) -> torch.Tensor:
-        return torch.empty(shape, dtype=torch.int32, device=device)
 
-    peer_rank, peer_token_idx = int32(capacity), int32(capacity)
-    num_tokens, tokens_per_expert = int32(1), int32(num_local_experts)
-    scratch_bytes = module.schedule_workspace_bytes(ep, routes, num_local_experts)
-    # int64 elements: the scratch starts with int64 segment offsets.
-    scratch = torch.empty((scratch_bytes + 7) // 8, dtype=torch.int64, device=device)
+def launch_local_schedule(ids: torch.Tensor, num_experts: int, capacity: int, status):
+    """The schedule of a one-rank group straight from its int64 ids [T, k] (checked by the
+    entry), as mok.backends.reference.schedule.local_schedule: the four outputs of `schedule`,
+    the routing `routing` would write (int32 [T, k]) and the route rows (int32 [T * k]). The
+    count kernel writes the routing as it reads the ids, so the routing takes no launch."""
+    ids = ids.contiguous()
+    routes = ids.numel()
+    outputs, scratch, routing, route_rows = _outputs(
+        ids.device, 1, routes, num_experts, capacity, extra=(routes, routes)
+    )
+    _launch_schedule(routing.view(1, routes), outputs, scratch, capacity, 0, status, route_rows,
+                     ids=ids)  # fmt: skip
+    return (*outputs, routing.view(ids.shape), route_rows)
+
+
+# Each part of the outputs' one allocation starts 256 bytes after the last (int32 elements).
+_PART_ALIGNMENT = 64
+
+
+def _outputs(device, ep: int, routes: int, experts: int, capacity: int, extra=()):
+    """(peer_rank [C], peer_token_idx [C], num_tokens [1], tokens_per_expert [E]), the kernels'
+    scratch and an int32 tensor of each size in `extra`: views of one allocation, which costs
+    the host one call to the allocator instead of one a tensor."""
+    module = _extension.module_for_device(device)
+    scratch_bytes = module.schedule_workspace_bytes(ep, routes, experts)
+    sizes = (capacity, capacity, 1, experts, -(-scratch_bytes // 4), *extra)
+    starts, end = [], 0
+    for size in sizes:
+        starts.append(end)
+        end += -(-size // _PART_ALIGNMENT) * _PART_ALIGNMENT
+    block = torch.empty(end, dtype=torch.int32, device=device)
+    parts = [block[start : start + size] for start, size in zip(starts, sizes, strict=True)]
+    return (tuple(parts[:4]), parts[4], *parts[5:])
+
+
+def _launch_schedule(topk_all, outputs, scratch, capacity, rank, status, route_rows, ids=None):
+    ep, routes = topk_all.shape[0], topk_all[0].numel()
+    peer_rank, peer_token_idx, num_tokens, tokens_per_expert = outputs
     _extension.launch(
-        device,
+        topk_all.device,
         "schedule",
         topk_all=topk_all.data_ptr() if routes else 0,
         peer_rank=peer_rank.data_ptr(),
@@ -131,9 +163,9 @@ def launch_schedule(topk_all, num_local_experts, capacity, rank, status, route_r
         workspace=scratch.data_ptr(),
         ep=ep,
         routes=routes,
-        experts=num_local_experts,
+        experts=tokens_per_expert.shape[0],
         capacity=capacity,
         rank=rank,
         route_rows=route_rows.data_ptr() if route_rows is not None and routes else 0,
+        ids=ids.data_ptr() if ids is not None and routes else 0,
     )
-    return peer_rank, peer_token_idx, num_tokens, tokens_per_expert

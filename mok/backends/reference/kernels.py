@@ -17,6 +17,7 @@ from mok.schedule import rows_of_routes
 mxfp8_quantize = mxfp8.quantize
 routing = schedule_stage.routing
 schedule = schedule_stage.schedule
+local_schedule = schedule_stage.local_schedule
 
 
 def engine(workspace, config=None) -> ReferenceEngine:

@@ -15,6 +15,15 @@ def routing(ids: torch.Tensor, num_experts: int, status: torch.Tensor) -> torch.
     return torch.where(valid, ids, -1).to(torch.int32)
 
 
+def local_schedule(ids: torch.Tensor, num_experts: int, capacity: int, status: torch.Tensor):
+    """The schedule of a one-rank group straight from its int64 ids [T, k]: `schedule`'s four
+    outputs, then the routing (`routing`'s int32 [T, k]) and the route rows (int32 [T * k])."""
+    routes = routing(ids, num_experts, status)
+    route_rows = torch.empty(routes.numel(), dtype=torch.int32, device=ids.device)
+    rows = schedule(routes.unsqueeze(0), num_experts, capacity, 0, status, route_rows)
+    return (*rows, routes, route_rows)
+
+
 def schedule(topk_all: torch.Tensor, num_local_experts: int, capacity: int, rank: int, status,
              route_rows: torch.Tensor | None = None):  # fmt: skip
     """Rows for destination `rank`, grouped by local expert in 256-row padded segments.
