@@ -121,7 +121,7 @@ def launch_local_schedule(ids: torch.Tensor, num_experts: int, capacity: int, st
     ids = ids.contiguous()
     routes = ids.numel()
     outputs, scratch, routing, route_rows = _outputs(
-        ids.device, 1, routes, num_experts, capacity, extra=(routes, routes)
+        ids.device, 1, routes, num_experts, capacity, extra=(routes, routes), one_block=True
     )
     _launch_schedule(routing.view(1, routes), outputs, scratch, capacity, 0, status, route_rows,
                      ids=ids)  # fmt: skip
@@ -132,20 +132,31 @@ def launch_local_schedule(ids: torch.Tensor, num_experts: int, capacity: int, st
 _PART_ALIGNMENT = 64
 
 
-def _outputs(device, ep: int, routes: int, experts: int, capacity: int, extra=()):
+def _outputs(device, ep: int, routes: int, experts: int, capacity: int, extra=(), *,
+             one_block: bool = False):  # fmt: skip
     """(peer_rank [C], peer_token_idx [C], num_tokens [1], tokens_per_expert [E]), the kernels'
-    scratch and an int32 tensor of each size in `extra`: views of one allocation, which costs
-    the host one call to the allocator instead of one a tensor."""
+    scratch and an int32 tensor of each size in `extra`. With `one_block`, views of one
+    allocation: one call to the allocator on the host's way to the first GEMM instead of one a
+    tensor. Not for the flat op `mok::schedule`, whose outputs may alias nothing (torch's rule
+    for custom ops)."""
     module = _extension.module_for_device(device)
     scratch_bytes = module.schedule_workspace_bytes(ep, routes, experts)
     sizes = (capacity, capacity, 1, experts, -(-scratch_bytes // 4), *extra)
+    if one_block:
+        parts = _views_of_one_block(device, sizes)
+    else:
+        parts = [torch.empty(size, dtype=torch.int32, device=device) for size in sizes]
+    return (tuple(parts[:4]), parts[4], *parts[5:])
+
+
+def _views_of_one_block(device, sizes) -> list[torch.Tensor]:
+    """An int32 tensor of each size, each part 256-byte aligned, all in one allocation."""
     starts, end = [], 0
     for size in sizes:
         starts.append(end)
         end += -(-size // _PART_ALIGNMENT) * _PART_ALIGNMENT
     block = torch.empty(end, dtype=torch.int32, device=device)
-    parts = [block[start : start + size] for start, size in zip(starts, sizes, strict=True)]
-    return (tuple(parts[:4]), parts[4], *parts[5:])
+    return [block[start : start + size] for start, size in zip(starts, sizes, strict=True)]
 
 
 def _launch_schedule(topk_all, outputs, scratch, capacity, rank, status, route_rows, ids=None):
