@@ -102,8 +102,9 @@ def forward(engine, x, shared, routed, schedule, limit, mxfp8: bool, macrobatch_
     Where the dispatch waits for peers (its barrier), the shared expert goes first: it needs
     nothing from the exchange, so its GEMMs keep the GPU busy while the ranks meet and the host
     enqueues the routed stages. Where it does not (`engine.dispatch_is_local`, EP 1), the
-    dispatch goes first: the GPU starts on it while the host enqueues the shared expert, whose
-    host time outlasts its GEMMs on the Qwen-like shapes (docs/host-overhead.md).
+    routed experts go first: the GPU starts on the dispatch and the routed GEMMs while the host
+    enqueues the shared expert, whose host time outlasts its GEMMs on the Qwen-like shapes
+    (docs/host-overhead.md).
     """
     shared_first = not engine.dispatch_is_local
     shared_out = _shared_forward(engine, x, shared, limit) if shared_first else None
@@ -121,14 +122,14 @@ def forward(engine, x, shared, routed, schedule, limit, mxfp8: bool, macrobatch_
         weights = experts.mxfp8_weights(*routed, gemm)
     else:
         x_rows, pull = engine.pull_beside(Buffer.X, rows, gemm, sync=(True, False))
-    if not shared_first:  # the dispatch is on its way
-        shared_out = _shared_forward(engine, x, shared, limit)
     if mxfp8:
         engine.join()
         *saved, y = experts.forward_mxfp8(x_rounded(), weights, gemm, limit)
     else:
         gate, up, hidden, y = experts.forward_bf16(x_rows, *routed, gemm, limit, pull)
         saved = [x_rows, gate, up, hidden]
+    if not shared_first:  # the routed GEMMs are on their way
+        shared_out = _shared_forward(engine, x, shared, limit)
     _send_home(engine, [(y, Buffer.COMBINE)], schedule)
     engine.hand_back_pushed()
     ring = macrobatch.ring_rows(macrobatch_size, schedule.tokens_per_expert.shape[0])
@@ -191,9 +192,12 @@ def backward(engine, d_y, shared, routed, saved, shared_saved, x, schedule, limi
     inputs = experts.mxfp8_backward_inputs(saved, routed, gemm) if mxfp8 else None
     if not overlap:  # the shared expert (if any) gets every SM; a no-op when nothing forked
         engine.join()
-    (d_x_s, d_gate_s, d_up_s, d_hidden_s), shared_weight_grads = _shared_backward(
-        engine, d_y, x, shared_saved, shared, limit
-    )
+    # As in the forward, the routed experts go first at EP 1, unless the shared expert hides
+    # the exchanges (then nothing is waiting for the host).
+    shared_first = overlap or not engine.dispatch_is_local
+    shared_out = None
+    if shared_first:
+        shared_out = _shared_backward(engine, d_y, x, shared_saved, shared, limit)
     engine.join()
     if mxfp8:
         d_out_rounded = d_out()
@@ -202,6 +206,9 @@ def backward(engine, d_y, shared, routed, saved, shared_saved, x, schedule, limi
     else:
         routed_out = experts.backward_bf16(d_out_rows, rw_rows, *saved, routed, gemm, limit,
                                            d_out_pull)  # fmt: skip
+    if not shared_first:
+        shared_out = _shared_backward(engine, d_y, x, shared_saved, shared, limit)
+    (d_x_s, d_gate_s, d_up_s, d_hidden_s), shared_weight_grads = shared_out
     (d_x_r, d_rw, d_gate_r, d_up_r, d_hidden_r), routed_weight_grads = routed_out
     pushes = [(d_x_r, Buffer.D_X_ROUTED), (d_rw, Buffer.D_ROUTER_WEIGHT)]
     _send_home(engine, pushes, schedule, background=overlap)

@@ -95,6 +95,7 @@ class LoggedGemms(experts.MaskedGemms):
 
     def linear(self, a, weight):
         assert not self.engine.pending, "routed GEMM before the background exchange joined"
+        self.engine.log.append(("routed linear", False))
         return super().linear(a, weight)
 
     def dequantize(self, data, scales, transposed=False):
@@ -177,13 +178,20 @@ def test_backward_exchanges_overlap_a_large_shared_expert_only():
 
 
 @pytest.mark.parametrize("mxfp8", [False, True], ids=["bf16", "mxfp8"])
-def test_the_forward_dispatches_first_where_it_waits_for_no_peer(mxfp8):
-    """EP 1: the pull is enqueued before the shared expert (the GPU starts on it while the host
-    enqueues the shared GEMMs); a dispatch that waits for peers goes after the shared expert."""
-    for local in (False, True):
-        kinds = [kind for kind, _ in _run_step(64, mxfp8=mxfp8, local=local).log]
-        first_shared, pull = kinds.index("shared gemms"), kinds.index("pull x_buffer")
-        assert (pull < first_shared) == local, (local, kinds[: pull + 2])
+def test_the_routed_experts_go_first_where_the_dispatch_waits_for_no_peer(mxfp8):
+    """EP 1: each pass enqueues its pull and routed GEMMs before the shared expert (the GPU
+    starts on them while the host enqueues the shared GEMMs), except the backward under a
+    shared expert large enough to hide the exchanges; where the dispatch waits for peers the
+    shared expert goes first."""
+    for shared_inter in (64, passes.MIN_SHARED_INTER_PER_TOPK):
+        for local in (False, True):
+            kinds = [kind for kind, _ in _run_step(shared_inter, mxfp8, local).log]
+            backward = kinds.index("pull router weights")
+            hides = shared_inter >= passes.MIN_SHARED_INTER_PER_TOPK
+            for part, routed_first in ((kinds[:backward], local),
+                                       (kinds[backward:], local and not hides)):  # fmt: skip
+                first_routed, first_shared = part.index("routed linear"), part.index("shared gemms")
+                assert (first_routed < first_shared) == routed_first, (local, hides, part)
 
 
 def test_mxfp8_pulls_run_beside_the_dequantization():
