@@ -5,8 +5,9 @@
 
 Wraps mok's one kernel-launch function (`mok.backends.cuda.extension.launch`) and the stages of
 the functional API (`build_schedule`, `validate_inputs`, `passes.forward` / `backward`, the
-engine's making, its sources, the routed GEMM engine, the dispatch pull), times
-each with `perf_counter` from the pass's start (after a synchronize), and prints, per pass, the
+engine's making, its sources, the routed GEMM engine, the dispatch pull, the shared expert, whose
+cuBLAS GEMMs are no launch of mok's), times each with `perf_counter` from the pass's start
+(after a synchronize), and prints, per pass, the
 median time of every stamp over `--calls` calls: the host's path to the first GEMM is what an
 eager pass on an idle GPU waits for. A wrapper costs well under a microsecond, unlike
 torch.profiler's or cProfile's hooks. Writes DIR/stamps-<mode>.json.
@@ -48,7 +49,8 @@ def install() -> None:
     stages = ((functional, "build_schedule"), (functional, "validate_inputs"),
               (functional, "forward"), (passes, "forward"), (passes, "backward"),
               (backends, "engine"), (backends, "routed_gemms"), (CudaEngine, "use_sources"),
-              (CudaEngine, "pull_beside"), (comm, "pull_rows"))  # fmt: skip
+              (CudaEngine, "pull_beside"), (comm, "pull_rows"), (passes, "_shared_forward"),
+              (passes, "_shared_backward"))  # fmt: skip
     for module, name in stages:
         setattr(module, name, _stamped(f"{module.__name__}.{name}", getattr(module, name)))
 

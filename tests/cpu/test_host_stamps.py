@@ -23,7 +23,8 @@ def test_host_stamps_time_every_stage_of_a_pass(single_rank_group, monkeypatch):
                          (functional, "validate_inputs"), (functional, "forward"),
                          (passes, "forward"), (passes, "backward"), (backends, "engine"),
                          (backends, "routed_gemms"), (CudaEngine, "use_sources"),
-                         (CudaEngine, "pull_beside"), (comm, "pull_rows")):  # fmt: skip
+                         (CudaEngine, "pull_beside"), (comm, "pull_rows"),
+                         (passes, "_shared_forward"), (passes, "_shared_backward")):  # fmt: skip
         monkeypatch.setattr(module, name, getattr(module, name))  # restored after the test
     shape = harness.SMOKE_SHAPES["tiny"]
     d = harness.Dist(0, 1, torch.device("cpu"), single_rank_group)
@@ -36,7 +37,8 @@ def test_host_stamps_time_every_stage_of_a_pass(single_rank_group, monkeypatch):
         "mok.functional.build_schedule", "mok.functional.build_schedule done",
         "mok.functional.forward", "mok.functional.validate_inputs",
         "mok.functional.validate_inputs done", "mok.backends.engine", "mok.backends.engine done",
-        "mok.passes.forward", "mok.passes.forward done",
+        "mok.passes.forward", "mok.passes._shared_forward", "mok.passes._shared_forward done",
+        "mok.passes.forward done",
         "mok.functional.forward done", "return",
     ]  # fmt: skip
     times = [us for _, us in got]
