@@ -192,9 +192,8 @@ def _keeps_every_route(ws: MoKWorkspace) -> bool:
 
 
 def _all_gather(ws: MoKWorkspace, config: MoKConfig, routing: torch.Tensor) -> torch.Tensor:
-    """Every rank's routing (int32 [EP, T, k]). One rank's is its own: at EP 1 the copy into
-    the workspace's all-gather buffer (a kernel and host time before the first GEMM) is left
-    out."""
+    """Every rank's routing (int32 [EP, T, k]). One rank's (EP 1, reached here only while
+    torch.compile traces) is its own, not copied into the workspace's all-gather buffer."""
     if ws.ep_size == 1:
         return routing.unsqueeze(0)
     chunk = config.all_gather_top_experts_chunk_bytes
