@@ -93,6 +93,17 @@ __device__ void fill_padding(const Params& p) {
   for (int64_t i = first; i < p.routes; i += threads) p.route_rows[i] = -1;
 }
 
+// The routing of one id, as `routing` defines it: the id, or -1 outside [0, num_experts).
+__device__ __forceinline__ int32_t routed_id(int64_t id, int64_t num_experts) {
+  return id >= 0 && id < num_experts ? static_cast<int32_t>(id) : -1;
+}
+
+// ORs kInvalidExpertId into the status word if any thread of the block saw an invalid id: one
+// atomic per block, and OR is order-free, so the word is deterministic. Every thread calls it.
+__device__ __forceinline__ void report_invalid_ids(bool invalid, int32_t* status) {
+  if (__syncthreads_or(invalid) && threadIdx.x == 0) atomicOr(status, kInvalidExpertId);
+}
+
 // load_keys from the int64 ids (EP 1: every expert is local, and local = global id), writing
 // each route's int32 routing where place_kernel will read its key; true if an id was invalid.
 __device__ __forceinline__ bool load_id_keys(const Params& p, int warp, int lane,
@@ -105,10 +116,8 @@ __device__ __forceinline__ bool load_id_keys(const Params& p, int warp, int lane
     const int64_t route = first + step * kLanes;
     keys[step] = -1;
     if (route >= p.routes) continue;
-    const int64_t id = __ldg(p.ids + route);
-    const bool valid = id >= 0 && id < p.experts;
-    invalid |= !valid;
-    keys[step] = valid ? static_cast<int>(id) : -1;
+    keys[step] = routed_id(__ldg(p.ids + route), p.experts);
+    invalid |= keys[step] < 0;
     routing[route] = keys[step];
   }
   return invalid;
@@ -131,8 +140,7 @@ __global__ void count_kernel(const Params p) {
   }
 #pragma unroll
   for (int step = 0; step < kSteps; ++step) add_warp_counts(keys[step], lane, s_hist);
-  // One atomic per block that saw a bad id; OR is order-free, so the word is deterministic.
-  if (__syncthreads_or(invalid) && threadIdx.x == 0) atomicOr(p.status, kInvalidExpertId);
+  report_invalid_ids(invalid, p.status);  // also the barrier before s_hist is read
   int32_t* out = p.hist + (static_cast<int64_t>(src) * p.chunks + blockIdx.x) * p.experts;
   for (int e = threadIdx.x; e < p.experts; e += blockDim.x) out[e] = s_hist[e];
 }
@@ -330,12 +338,11 @@ __global__ void __launch_bounds__(kRoutingThreads)
   const int64_t route = static_cast<int64_t>(blockIdx.x) * kRoutingThreads + threadIdx.x;
   bool invalid = false;
   if (route < routes) {
-    const int64_t id = ids[route];
-    invalid = id < 0 || id >= num_experts;
-    routing[route] = invalid ? -1 : static_cast<int32_t>(id);
+    const int32_t routed = routed_id(ids[route], num_experts);
+    routing[route] = routed;
+    invalid = routed < 0;
   }
-  // One atomic per block that saw a bad id; OR is order-free, so the word is deterministic.
-  if (__syncthreads_or(invalid) && threadIdx.x == 0) atomicOr(status, kInvalidExpertId);
+  report_invalid_ids(invalid, status);
 }
 
 }  // namespace detail

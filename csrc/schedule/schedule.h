@@ -22,9 +22,9 @@ constexpr int kMaxWarps = 8;
 // int32 counters in the place kernel's shared memory, one row of E per warp: warps * E <= this
 // keeps it at 32 KiB, under the 48 KiB every launch gets without an opt-in.
 constexpr int kCounters = 8192;
-constexpr int kSegmentThreads = 1024;
 // Where ep * experts <= kSegmentThreads, one block of kSegmentThreads scans the columns and lays
 // out the segments: a launch fewer.
+constexpr int kSegmentThreads = 1024;
 constexpr int kColumnThreads = 256;
 constexpr int kRowsPerSegment = 256;
 // The bits mok/status.py calls INVALID_EXPERT_ID and CAPACITY_OVERFLOW (a CPU test keeps them
