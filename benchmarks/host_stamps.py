@@ -3,14 +3,13 @@
     torchrun --standalone --nproc-per-node=1 benchmarks/host_stamps.py --out DIR
         [--shapes NAME ...] [--mxfp8] [--calls 30]
 
-Wraps mok's one kernel-launch function (`mok.backends.cuda.extension.launch`) and the stages of
-the functional API (`build_schedule`, `validate_inputs`, `passes.forward` / `backward`, the
-engine's making, its sources, the routed GEMM engine, the dispatch pull, the shared expert, whose
-cuBLAS GEMMs are no launch of mok's), times each with `perf_counter` from the pass's start
-(after a synchronize), and prints, per pass, the
-median time of every stamp over `--calls` calls: the host's path to the first GEMM is what an
-eager pass on an idle GPU waits for. A wrapper costs well under a microsecond, unlike
-torch.profiler's or cProfile's hooks. Writes DIR/stamps-<mode>.json.
+Wraps mok's one kernel-launch function (`mok.backends.cuda.extension.launch`) and the stages of the
+functional API (`build_schedule`, `validate_inputs`, `passes.forward` / `backward`, the engine's
+making, its sources, the routed GEMM engine, the dispatch pull, the shared expert, whose cuBLAS
+GEMMs are no launch of mok's), times each with `perf_counter` from the pass's start (after a
+synchronize), and prints, per pass, the median time of every stamp over `--calls` calls: the host's
+path to the first GEMM is what an eager pass on an idle GPU waits for. A wrapper costs well under a
+microsecond, unlike torch.profiler's or cProfile's hooks. Writes DIR/stamps-<mode>.json.
 """
 
 from __future__ import annotations
