@@ -84,14 +84,20 @@ class ExpertEngine:
         return swiglu(gate, up, limit).to(torch.bfloat16)
 
     @staticmethod
-    def swiglu_backward(d_h, rw, gate, up, hidden, limit: float | None, *, scale_hidden=False):
+    def swiglu_backward(d_h, rw, gate, up, hidden, limit: float | None, *, scale_hidden=False,
+                        hidden_grad=True):  # fmt: skip
         """(d_router_weight fp32, d_gate, d_up, d_hidden bf16) from the unscaled fp32 d_h, and
         with `scale_hidden` also `scale_rows(hidden, rw)`: the BF16 down weight gradient's
-        rows, which a kernel writes while it reads hidden for d_router_weight."""
+        rows, which a kernel writes while it reads hidden for d_router_weight. `hidden` None:
+        `swiglu(gate, up)` again (what the forward saved from those gate and up), which a
+        kernel computes instead of reading it; not `hidden_grad`: d_hidden is None."""
+        if hidden is None:
+            hidden = ExpertEngine.swiglu(gate, up, limit)
         d_router_weight = (d_h * hidden.float()).sum(-1)
         d_scaled = rw[:, None] * d_h
         d_gate, d_up = swiglu_backward(d_scaled, gate, up, limit)
-        bf16 = [t.to(torch.bfloat16) for t in (d_gate, d_up, d_scaled)]
+        d_hidden = d_scaled.to(torch.bfloat16) if hidden_grad else None
+        bf16 = [d_gate.to(torch.bfloat16), d_up.to(torch.bfloat16), d_hidden]
         if scale_hidden:
             bf16.append(ExpertEngine.scale_rows(hidden, rw))
         return (d_router_weight, *bf16)
@@ -263,11 +269,14 @@ def saved_mxfp8(x_rounded, w_gate, w_up, gemm, limit):
 
 
 def backward_bf16(d_out_rows, rw_rows, x_rows, gate, up, hidden, weights, gemm, limit,
-                  pull=None):  # fmt: skip
+                  pull=None, op_outputs=True):  # fmt: skip
     """Backward of one expert group. weights = (W_gate, W_up, W_down) bf16; rw_rows None means
     every row's weight is 1 (the shared expert: its d_out feeds the down wgrad unscaled).
     `pull`: the reverse dispatch that writes `d_out_rows`, for the d_h GEMM to run beside
-    itself (engine.pull_beside), or None.
+    itself (engine.pull_beside), or None. `op_outputs`: as the original's fused op, d_hidden
+    too, from the saved hidden as given; otherwise (the functional API, whose context is its
+    own forward's) d_hidden is None and the SwiGLU backward computes hidden again from gate and
+    up, the forward's bits, instead of reading it.
 
     Returns ((d_x, d_router_weight, d_gate, d_up, d_hidden), weight_grads): the data gradients
     now, and a `WeightGrads`, which runs the weight-gradient GEMMs when called and returns
@@ -278,8 +287,9 @@ def backward_bf16(d_out_rows, rw_rows, x_rows, gate, up, hidden, weights, gemm, 
     d_h = gemm.linear(d_out_rows, w_down.transpose(1, 2), **beside)
     dgrad_weights = (w_gate.transpose(1, 2), w_up.transpose(1, 2))
     return _backward_tail(
-        d_h, d_out_rows, rw_rows, x_rows, gate, up, hidden, dgrad_weights, gemm, limit, False
-    )
+        d_h, d_out_rows, rw_rows, x_rows, gate, up, hidden, dgrad_weights, gemm, limit, False,
+        op_outputs,
+    )  # fmt: skip
 
 
 def mxfp8_backward_inputs(ctx, weights, gemm):
@@ -309,21 +319,25 @@ def mx_round_d_out(gemm, d_out_rows, rw_rows):
     return gemm.mx_round(d_out_rows), gemm.mx_round_rows(d_out_rows, rw_rows)
 
 
-def backward_mxfp8(d_out_rounded, rw_rows, inputs, gemm, limit):
+def backward_mxfp8(d_out_rounded, rw_rows, inputs, gemm, limit, op_outputs=True):
     """MXFP8 backward on `inputs` = mxfp8_backward_inputs(...) and `d_out_rounded` =
-    mx_round_d_out(gemm, d_out_rows, rw_rows). Returns as `backward_bf16`."""
+    mx_round_d_out(gemm, d_out_rows, rw_rows). Returns as `backward_bf16` (hidden, rounded
+    apart from gate and up, is always read)."""
     d_out_q, d_y_rows = d_out_rounded
     down, dgrad_weights, x_rows, gate, up, hidden = inputs
     d_h = gemm.linear(d_out_q, down)
     return _backward_tail(
-        d_h, d_y_rows, rw_rows, x_rows, gate, up, hidden, dgrad_weights, gemm, limit, True
-    )
+        d_h, d_y_rows, rw_rows, x_rows, gate, up, hidden, dgrad_weights, gemm, limit, True,
+        op_outputs,
+    )  # fmt: skip
 
 
-def _backward_tail(d_h, d_out, rw, x, gate, up, hidden, dgrad_weights, gemm, limit, mx):
+def _backward_tail(d_h, d_out, rw, x, gate, up, hidden, dgrad_weights, gemm, limit, mx,
+                   op_outputs):  # fmt: skip
     """Shared part of both backward modes, from the unscaled d_h = d_out @ W_down;
     `dgrad_weights` = (W_gate^T, W_up^T) as `linear_sum` takes them ([E, H, I]). `d_out`: the
-    rows d_W_down reads, in MXFP8 already weighted and rounded (mx_round_d_out's second)."""
+    rows d_W_down reads, in MXFP8 already weighted and rounded (mx_round_d_out's second).
+    `op_outputs`: as `backward_bf16`'s."""
     w_gate_t, w_up_t = dgrad_weights
     unit = rw is None
     if unit:
@@ -331,9 +345,11 @@ def _backward_tail(d_h, d_out, rw, x, gate, up, hidden, dgrad_weights, gemm, lim
     # BF16 puts rw on hidden's rows instead of d_out's for d_W_down (the same sum; [rows, I]
     # moved instead of [rows, H]), written by the SwiGLU backward, which reads hidden anyway.
     scale_hidden = not (mx or unit)
+    recompute = not (op_outputs or mx)
     d_router_weight, d_gate, d_up, d_hidden, *scaled = gemm.swiglu_backward(
-        d_h, rw, gate, up, hidden, limit, scale_hidden=scale_hidden
-    )
+        d_h, rw, gate, up, None if recompute else hidden, limit, scale_hidden=scale_hidden,
+        hidden_grad=op_outputs,
+    )  # fmt: skip
     dgrad_in = (gemm.mx_round(d_gate), gemm.mx_round(d_up)) if mx else (d_gate, d_up)
     dgrad_terms = ((dgrad_in[0], w_gate_t), (dgrad_in[1], w_up_t))
     d_x = gemm.linear_sum(dgrad_terms).to(torch.bfloat16)

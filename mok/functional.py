@@ -386,8 +386,8 @@ def _backward_pass(engine, schedule, ctx, grad_output, x, router_weights, shared
     saved = (ctx.x_routed, ctx.gate_routed, ctx.up_routed, ctx.hidden_routed)
     shared_saved = None if shared is None else (ctx.gate_shared, ctx.up_shared, ctx.hidden_shared)
     return passes.backward(engine, read[Buffer.D_Y], shared, routed, saved, shared_saved,
-                           read[Buffer.X], schedule, limit, mxfp8,
-                           macrobatch_size)  # fmt: skip
+                           read[Buffer.X], schedule, limit, mxfp8, macrobatch_size,
+                           op_outputs=False)  # fmt: skip
 
 
 def check_status(workspace: MoKWorkspace) -> None:

@@ -66,9 +66,9 @@ def _shared_forward(engine, x, shared, limit):
     return experts.forward_bf16(x, gate, up, down, engine.shared_gemms(x.shape[0]), limit)
 
 
-def _shared_backward(engine, d_out, x, saved, shared, limit):
+def _shared_backward(engine, d_out, x, saved, shared, limit, op_outputs=True):
     """The shared expert's data gradients (d_x, d_gate, d_up, d_hidden) and the callable that
-    computes its weight gradients (d_W_gate, d_W_up, d_W_down)."""
+    computes its weight gradients (d_W_gate, d_W_up, d_W_down); `op_outputs` as `backward`'s."""
     if shared is None:
         return (None,) * 4, lambda: (None,) * 3
     gate, up, hidden = saved
@@ -76,7 +76,7 @@ def _shared_backward(engine, d_out, x, saved, shared, limit):
     gemm = engine.shared_gemms(x.shape[0])
     unit_weights = None
     data, weight_grads = experts.backward_bf16(
-        d_out, unit_weights, x, gate, up, hidden, weights, gemm, limit
+        d_out, unit_weights, x, gate, up, hidden, weights, gemm, limit, op_outputs=op_outputs
     )
     d_x, _, d_gate, d_up, d_hidden = data
     return (d_x, d_gate, d_up, d_hidden), lambda: tuple(g[0] for g in weight_grads())
@@ -158,7 +158,7 @@ def _every_row(engine, saved, routed, schedule, limit, mxfp8: bool, macrobatch_s
 
 
 def backward(engine, d_y, shared, routed, saved, shared_saved, x, schedule, limit, mxfp8: bool,
-             macrobatch_size: int):  # fmt: skip
+             macrobatch_size: int, op_outputs: bool = True):  # fmt: skip
     """One backward pass; pushes d_x rows and router-weight gradients to the source ranks.
     `saved` is what forward returned with the same `macrobatch_size`.
 
@@ -171,7 +171,10 @@ def backward(engine, d_y, shared, routed, saved, shared_saved, x, schedule, limi
     d_x_routed, d_gate_shared, d_gate_routed, d_up_shared, d_up_routed, d_hidden_shared,
     d_hidden_routed, d_y_routed, d_w_shared_gate, d_w_routed_gate, d_w_shared_up, d_w_routed_up,
     d_w_shared_down, d_w_routed_down); d_y_routed: the d_out rows the d_h GEMM read (MXFP8:
-    their q_H rounding).
+    their q_H rounding). Not `op_outputs` (the functional API, which returns no d_hidden and
+    whose saved tensors are its forward's own): both d_hidden are None, unwritten, and the BF16
+    SwiGLU backward computes hidden again from gate and up instead of reading it
+    (experts.backward_bf16).
     """
     saved = _every_row(engine, saved, routed, schedule, limit, mxfp8, macrobatch_size)
     overlap = overlaps_shared(shared, engine.topk)
@@ -197,17 +200,18 @@ def backward(engine, d_y, shared, routed, saved, shared_saved, x, schedule, limi
     shared_first = overlap or not engine.dispatch_is_local
     shared_out = None
     if shared_first:
-        shared_out = _shared_backward(engine, d_y, x, shared_saved, shared, limit)
+        shared_out = _shared_backward(engine, d_y, x, shared_saved, shared, limit, op_outputs)
     engine.join()
     if mxfp8:
         d_out_rounded = d_out()
         d_out_rows = d_out_rounded[0]  # the rows the d_h GEMM reads: q_H(d_out)
-        routed_out = experts.backward_mxfp8(d_out_rounded, rw_rows, inputs, gemm, limit)
+        routed_out = experts.backward_mxfp8(d_out_rounded, rw_rows, inputs, gemm, limit,
+                                            op_outputs)  # fmt: skip
     else:
         routed_out = experts.backward_bf16(d_out_rows, rw_rows, *saved, routed, gemm, limit,
-                                           d_out_pull)  # fmt: skip
+                                           d_out_pull, op_outputs)  # fmt: skip
     if not shared_first:
-        shared_out = _shared_backward(engine, d_y, x, shared_saved, shared, limit)
+        shared_out = _shared_backward(engine, d_y, x, shared_saved, shared, limit, op_outputs)
     (d_x_s, d_gate_s, d_up_s, d_hidden_s), shared_weight_grads = shared_out
     (d_x_r, d_rw, d_gate_r, d_up_r, d_hidden_r), routed_weight_grads = routed_out
     pushes = [(d_x_r, Buffer.D_X_ROUTED), (d_rw, Buffer.D_ROUTER_WEIGHT)]

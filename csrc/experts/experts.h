@@ -36,10 +36,12 @@ struct SwigluBackwardArgs {
   // mxfp8_dequantize's bf16, so the results are those of the dequantized tensors, bit for bit.
   const void* gate_scale = nullptr;
   const void* up_scale = nullptr;
-  const void* hidden = nullptr;      // bf16 [rows, inter]
+  // bf16 [rows, inter], or null with bf16 gate and up: swiglu(gate, up) recomputed, the bits
+  // the SwiGLU kernel wrote (a read of [rows, inter] less).
+  const void* hidden = nullptr;
   void* d_gate = nullptr;            // bf16 [rows, inter] out
   void* d_up = nullptr;              // bf16 [rows, inter] out
-  void* d_hidden = nullptr;          // bf16 [rows, inter] out: rw * d_h
+  void* d_hidden = nullptr;          // bf16 [rows, inter] out: rw * d_h; null skips it
   float* d_router_weight = nullptr;  // fp32 [rows] out: sum_i d_h * hidden
   // Optional bf16 [rows, inter] out: bf16(rw * hidden), the BF16 down weight gradient's rows
   // (what scale_rows of hidden writes), while hidden is loaded anyway; null skips it.

@@ -110,9 +110,12 @@ class LoggedGemms(experts.MaskedGemms):
         self.engine.log.append(("routed mx_round_rows", self.engine.pending))
         return super().mx_round_rows(t, row_weight)
 
-    def swiglu_backward(self, d_h, rw, gate, up, hidden, limit, *, scale_hidden=False):
-        self.engine.log.append((f"routed swiglu_backward scale_hidden={scale_hidden}", False))
-        return super().swiglu_backward(d_h, rw, gate, up, hidden, limit, scale_hidden=scale_hidden)
+    def swiglu_backward(self, d_h, rw, gate, up, hidden, limit, **options):
+        self.engine.log.append((f"routed swiglu_backward scale_hidden={options['scale_hidden']}",
+                                False))  # fmt: skip
+        self.engine.log.append((f"routed swiglu_backward reads hidden={hidden is not None}",
+                                False))  # fmt: skip
+        return super().swiglu_backward(d_h, rw, gate, up, hidden, limit, **options)
 
     def weight_grads(self, pairs):
         assert not self.engine.pending, "routed weight gradients before the push joined"
@@ -134,9 +137,11 @@ def _mxfp8_forms(weights):
     return (gate[:2], up[:2], down[:2]), (gate, up, down[2:])
 
 
-def _run_step(shared_inter: int | None, mxfp8: bool = False, local: bool = False):
-    """One forward and backward at top-1 (a RecordingEngine); no shared expert when
-    `shared_inter` is None; `local`: the engine's dispatch waits for no peer (EP 1)."""
+def _run_step(shared_inter: int | None, mxfp8: bool = False, local: bool = False,
+              op_outputs: bool = True):  # fmt: skip
+    """One forward and backward at top-1 (a RecordingEngine, whose `outputs` are then the
+    backward's); no shared expert when `shared_inter` is None; `local`: the engine's dispatch
+    waits for no peer (EP 1); `op_outputs` as mok.passes.backward's."""
     gen = torch.Generator().manual_seed(1)
     tokens = 64
     schedule = MoKSchedule(
@@ -157,8 +162,8 @@ def _run_step(shared_inter: int | None, mxfp8: bool = False, local: bool = False
                                           ring)  # fmt: skip
     assert not engine.pending, "forward returned with a background exchange not joined"
     shared_saved = shared_out[:3] if with_shared else None
-    passes.backward(engine, x, shared, routed_bwd, saved, shared_saved, x, schedule, None, mxfp8,
-                    ring)  # fmt: skip
+    engine.outputs = passes.backward(engine, x, shared, routed_bwd, saved, shared_saved, x,
+                                     schedule, None, mxfp8, ring, op_outputs)  # fmt: skip
     assert not engine.pending, "backward returned with a background exchange not joined"
     return engine
 
@@ -227,6 +232,26 @@ def test_bf16_hidden_rows_are_scaled_by_the_swiglu_backward():
     assert "routed scale_rows" not in kinds
     mx_kinds = [kind for kind, _ in _run_step(None, mxfp8=True).log]
     assert "routed swiglu_backward scale_hidden=False" in mx_kinds
+
+
+@pytest.mark.parametrize("mxfp8", [False, True], ids=["bf16", "mxfp8"])
+def test_the_functional_backward_writes_no_d_hidden_and_recomputes_hidden(mxfp8):
+    """Without the fused op's outputs (mok.functional's call) both d_hidden are None and the
+    BF16 SwiGLU backward computes hidden from gate and up instead of reading it (MXFP8 reads
+    its rounded hidden); every other output keeps its bits."""
+    for shared_inter in (None, 64):
+        full = _run_step(shared_inter, mxfp8)
+        lean = _run_step(shared_inter, mxfp8, op_outputs=False)
+        for i, (want, got) in enumerate(zip(full.outputs, lean.outputs, strict=True)):
+            if i in (6, 7):  # d_hidden_shared, d_hidden_routed
+                assert got is None and (want is not None or i == 6 and shared_inter is None)
+            elif want is None:
+                assert got is None
+            else:
+                assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), i
+        reads = [kind for kind, _ in lean.log if "reads hidden" in kind]
+        assert reads == [f"routed swiglu_backward reads hidden={mxfp8}"]
+        assert "routed swiglu_backward reads hidden=True" in [kind for kind, _ in full.log]
 
 
 def test_each_pass_asks_for_three_barriers():

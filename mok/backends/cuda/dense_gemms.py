@@ -36,10 +36,10 @@ class CudaElementwise:
         return tuple(pair)
 
     def swiglu_backward(self, d_h, rw, gate, up, hidden, limit: float | None, *,
-                        scale_hidden=False):  # fmt: skip
+                        scale_hidden=False, hidden_grad=True):  # fmt: skip
         return cuda_experts.swiglu_backward(
             d_h, rw, gate, up, hidden, self.num_tokens, limit, zero_rest=False,
-            scale_hidden=scale_hidden,
+            scale_hidden=scale_hidden, hidden_grad=hidden_grad,
         )  # fmt: skip
 
     def scale_rows(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
