@@ -88,11 +88,8 @@ class ExpertEngine:
                         hidden_grad=True):  # fmt: skip
         """(d_router_weight fp32, d_gate, d_up, d_hidden bf16) from the unscaled fp32 d_h, and
         with `scale_hidden` also `scale_rows(hidden, rw)`: the BF16 down weight gradient's
-        rows, which a kernel writes while it reads hidden for d_router_weight. `hidden` None:
-        `swiglu(gate, up)` again (what the forward saved from those gate and up), which a
-        kernel computes instead of reading it; not `hidden_grad`: d_hidden is None."""
-        if hidden is None:
-            hidden = ExpertEngine.swiglu(gate, up, limit)
+        rows, which a kernel writes while it reads hidden for d_router_weight. Not
+        `hidden_grad`: d_hidden is None (a kernel does not write it)."""
         d_router_weight = (d_h * hidden.float()).sum(-1)
         d_scaled = rw[:, None] * d_h
         d_gate, d_up = swiglu_backward(d_scaled, gate, up, limit)
@@ -273,10 +270,9 @@ def backward_bf16(d_out_rows, rw_rows, x_rows, gate, up, hidden, weights, gemm, 
     """Backward of one expert group. weights = (W_gate, W_up, W_down) bf16; rw_rows None means
     every row's weight is 1 (the shared expert: its d_out feeds the down wgrad unscaled).
     `pull`: the reverse dispatch that writes `d_out_rows`, for the d_h GEMM to run beside
-    itself (engine.pull_beside), or None. `op_outputs`: as the original's fused op, d_hidden
-    too, from the saved hidden as given; otherwise (the functional API, whose context is its
-    own forward's) d_hidden is None and the SwiGLU backward computes hidden again from gate and
-    up, the forward's bits, instead of reading it.
+    itself (engine.pull_beside), or None. `op_outputs`: d_hidden too, as the original's fused
+    op returns it; otherwise (the functional API, which returns none) d_hidden is None and no
+    pass writes it.
 
     Returns ((d_x, d_router_weight, d_gate, d_up, d_hidden), weight_grads): the data gradients
     now, and a `WeightGrads`, which runs the weight-gradient GEMMs when called and returns
@@ -321,8 +317,7 @@ def mx_round_d_out(gemm, d_out_rows, rw_rows):
 
 def backward_mxfp8(d_out_rounded, rw_rows, inputs, gemm, limit, op_outputs=True):
     """MXFP8 backward on `inputs` = mxfp8_backward_inputs(...) and `d_out_rounded` =
-    mx_round_d_out(gemm, d_out_rows, rw_rows). Returns as `backward_bf16` (hidden, rounded
-    apart from gate and up, is always read)."""
+    mx_round_d_out(gemm, d_out_rows, rw_rows). Returns as `backward_bf16`."""
     d_out_q, d_y_rows = d_out_rounded
     down, dgrad_weights, x_rows, gate, up, hidden = inputs
     d_h = gemm.linear(d_out_q, down)
@@ -345,11 +340,9 @@ def _backward_tail(d_h, d_out, rw, x, gate, up, hidden, dgrad_weights, gemm, lim
     # BF16 puts rw on hidden's rows instead of d_out's for d_W_down (the same sum; [rows, I]
     # moved instead of [rows, H]), written by the SwiGLU backward, which reads hidden anyway.
     scale_hidden = not (mx or unit)
-    recompute = not (op_outputs or mx)
     d_router_weight, d_gate, d_up, d_hidden, *scaled = gemm.swiglu_backward(
-        d_h, rw, gate, up, None if recompute else hidden, limit, scale_hidden=scale_hidden,
-        hidden_grad=op_outputs,
-    )  # fmt: skip
+        d_h, rw, gate, up, hidden, limit, scale_hidden=scale_hidden, hidden_grad=op_outputs
+    )
     dgrad_in = (gemm.mx_round(d_gate), gemm.mx_round(d_up)) if mx else (d_gate, d_up)
     dgrad_terms = ((dgrad_in[0], w_gate_t), (dgrad_in[1], w_up_t))
     d_x = gemm.linear_sum(dgrad_terms).to(torch.bfloat16)

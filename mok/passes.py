@@ -171,10 +171,8 @@ def backward(engine, d_y, shared, routed, saved, shared_saved, x, schedule, limi
     d_x_routed, d_gate_shared, d_gate_routed, d_up_shared, d_up_routed, d_hidden_shared,
     d_hidden_routed, d_y_routed, d_w_shared_gate, d_w_routed_gate, d_w_shared_up, d_w_routed_up,
     d_w_shared_down, d_w_routed_down); d_y_routed: the d_out rows the d_h GEMM read (MXFP8:
-    their q_H rounding). Not `op_outputs` (the functional API, which returns no d_hidden and
-    whose saved tensors are its forward's own): both d_hidden are None, unwritten, and the BF16
-    SwiGLU backward computes hidden again from gate and up instead of reading it
-    (experts.backward_bf16).
+    their q_H rounding). Not `op_outputs` (the functional API, which returns no d_hidden): both
+    d_hidden are None and no pass writes them.
     """
     saved = _every_row(engine, saved, routed, schedule, limit, mxfp8, macrobatch_size)
     overlap = overlaps_shared(shared, engine.topk)

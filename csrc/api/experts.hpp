@@ -98,12 +98,10 @@ inline void swiglu_backward(uintptr_t d_h, uintptr_t router_weight, uintptr_t ga
   args.gate = check::in<void>("gate", gate);
   args.up = check::in<void>("up", up);
   check::mxfp8_inputs(args, gate_scale, up_scale);
-  // A zero hidden is recomputed from the bf16 gate and up (not from MXFP8 pairs, whose hidden
-  // was rounded apart); a zero d_hidden is not written.
-  if (hidden != 0 || gate_scale != 0) args.hidden = check::in<void>("hidden", hidden);
+  args.hidden = check::in<void>("hidden", hidden);
   args.d_gate = check::out<void>("d_gate", d_gate);
   args.d_up = check::out<void>("d_up", d_up);
-  if (d_hidden != 0) args.d_hidden = check::out<void>("d_hidden", d_hidden);
+  if (d_hidden != 0) args.d_hidden = check::out<void>("d_hidden", d_hidden);  // 0: not written
   args.d_router_weight = check::out<float>("d_router_weight", d_router_weight, 4);
   if (scaled_hidden != 0) args.scaled_hidden = check::out<void>("scaled_hidden", scaled_hidden);
   args.zero_rest = zero_rest;
@@ -144,11 +142,10 @@ inline void bind_experts(pybind11::module_& m) {
 
 d_h fp32 [rows, inter]; router_weight fp32 [rows]; gate, up, hidden bf16 [rows, inter], or gate
 and up E4M3 with non-zero gate_scale and up_scale (their swizzled scale tiles, blocks along
-inter; rows and inter multiples of 128), read as their mxfp8_dequantize values. hidden 0 (bf16
-gate and up only): hidden = swiglu's bf16(silu(min(gate, L)) * clamp(up, -L, L)), bit for bit,
-instead of a read. Writes d_gate, d_up, d_hidden = bf16(rw * d_h) (not with d_hidden 0) and
-d_router_weight[r] = sum_i d_h * hidden (fp32, fixed order); with a non-zero scaled_hidden also
-bf16(rw * hidden) there (scale_rows of hidden, bit for bit). Rows >= *num_tokens get d_router_weight 0 and, when zero_rest, zeros in
+inter; rows and inter multiples of 128), read as their mxfp8_dequantize values. Writes d_gate,
+d_up, d_hidden = bf16(rw * d_h) (not with d_hidden 0) and d_router_weight[r] = sum_i d_h * hidden
+(fp32, fixed order); with a non-zero scaled_hidden also bf16(rw * hidden) there (scale_rows of
+hidden, bit for bit). Rows >= *num_tokens get d_router_weight 0 and, when zero_rest, zeros in
 the other outputs (else those rows are left untouched).)doc");
   m.def("scale_rows", &scale_rows, py::arg("x"), py::arg("weight"), py::arg("out"),
         py::arg("num_tokens"), py::arg("rows"), py::arg("cols"), py::arg("zero_rest"),

@@ -86,16 +86,6 @@ __device__ bool past_used_rows(const int32_t* num_tokens, int64_t vectors, Outpu
 // torch's sigmoid(x) = 1 / (1 + exp(-x)), in fp32.
 __device__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-// hidden = swiglu(gate, up) of 8 values, as the SwiGLU kernel writes them and the backward
-// recomputes them.
-__device__ __forceinline__ Bf16x8 swiglu8(const Bf16x8& gate, const Bf16x8& up, bool has_limit, float limit) {
-  Bf16x8 hidden;
-  for (int i = 0; i < kVector; ++i) {
-    hidden.set(i, swiglu_value(gate.get(i), up.get(i), has_limit, limit));
-  }
-  return hidden;
-}
-
 // kLimit: whether args.has_limit is set, as a template argument, so that the common unclamped
 // form carries no per-element clamp or flag test. (The backward keeps the run-time flag: as a
 // template argument it took 62 registers against 48, and held to 48 it spilled.)
@@ -106,8 +96,13 @@ __global__ void swiglu_kernel(SwigluArgs args) {
   if (past_used_rows(args.num_tokens, vectors, zeroed_rest(args.hidden, args.zero_rest))) return;
   for (int64_t v = threadIdx.x; v < vectors; v += blockDim.x) {
     const int64_t index = row * vectors + v;
-    store8(args.hidden, index,
-           swiglu8(load8(args.gate, index), load8(args.up, index), kLimit, args.limit));
+    const Bf16x8 gate = load8(args.gate, index);
+    const Bf16x8 up = load8(args.up, index);
+    Bf16x8 hidden;
+    for (int i = 0; i < kVector; ++i) {
+      hidden.set(i, swiglu_value(gate.get(i), up.get(i), kLimit, args.limit));
+    }
+    store8(args.hidden, index, hidden);
   }
 }
 
@@ -164,8 +159,7 @@ __global__ void swiglu_backward_kernel(SwigluBackwardArgs args) {
     const float dh[kVector] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
     const Bf16x8 gate = load_input8<kMxfp8>(args.gate, args.gate_scale, index, args.inter);
     const Bf16x8 up = load_input8<kMxfp8>(args.up, args.up_scale, index, args.inter);
-    const Bf16x8 hidden = args.hidden != nullptr ? load8(args.hidden, index)
-                                                 : swiglu8(gate, up, args.has_limit, args.limit);
+    const Bf16x8 hidden = load8(args.hidden, index);
     Bf16x8 d_gate, d_up, d_hidden, scaled_hidden;
     for (int i = 0; i < kVector; ++i) {
       dot = __fadd_rn(dot, __fmul_rn(dh[i], hidden.get(i)));

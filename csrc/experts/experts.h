@@ -36,9 +36,7 @@ struct SwigluBackwardArgs {
   // mxfp8_dequantize's bf16, so the results are those of the dequantized tensors, bit for bit.
   const void* gate_scale = nullptr;
   const void* up_scale = nullptr;
-  // bf16 [rows, inter], or null with bf16 gate and up: swiglu(gate, up) recomputed, the bits
-  // the SwiGLU kernel wrote (a read of [rows, inter] less).
-  const void* hidden = nullptr;
+  const void* hidden = nullptr;      // bf16 [rows, inter]
   void* d_gate = nullptr;            // bf16 [rows, inter] out
   void* d_up = nullptr;              // bf16 [rows, inter] out
   void* d_hidden = nullptr;          // bf16 [rows, inter] out: rw * d_h; null skips it

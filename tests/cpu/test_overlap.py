@@ -113,7 +113,7 @@ class LoggedGemms(experts.MaskedGemms):
     def swiglu_backward(self, d_h, rw, gate, up, hidden, limit, **options):
         self.engine.log.append((f"routed swiglu_backward scale_hidden={options['scale_hidden']}",
                                 False))  # fmt: skip
-        self.engine.log.append((f"routed swiglu_backward reads hidden={hidden is not None}",
+        self.engine.log.append((f"routed swiglu_backward hidden_grad={options['hidden_grad']}",
                                 False))  # fmt: skip
         return super().swiglu_backward(d_h, rw, gate, up, hidden, limit, **options)
 
@@ -235,10 +235,9 @@ def test_bf16_hidden_rows_are_scaled_by_the_swiglu_backward():
 
 
 @pytest.mark.parametrize("mxfp8", [False, True], ids=["bf16", "mxfp8"])
-def test_the_functional_backward_writes_no_d_hidden_and_recomputes_hidden(mxfp8):
-    """Without the fused op's outputs (mok.functional's call) both d_hidden are None and the
-    BF16 SwiGLU backward computes hidden from gate and up instead of reading it (MXFP8 reads
-    its rounded hidden); every other output keeps its bits."""
+def test_the_functional_backward_writes_no_d_hidden(mxfp8):
+    """Without the fused op's outputs (mok.functional's call) both d_hidden are None, the
+    SwiGLU backward asked not to write them; every other output keeps its bits."""
     for shared_inter in (None, 64):
         full = _run_step(shared_inter, mxfp8)
         lean = _run_step(shared_inter, mxfp8, op_outputs=False)
@@ -249,9 +248,9 @@ def test_the_functional_backward_writes_no_d_hidden_and_recomputes_hidden(mxfp8)
                 assert got is None
             else:
                 assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), i
-        reads = [kind for kind, _ in lean.log if "reads hidden" in kind]
-        assert reads == [f"routed swiglu_backward reads hidden={mxfp8}"]
-        assert "routed swiglu_backward reads hidden=True" in [kind for kind, _ in full.log]
+        asked = [kind for kind, _ in lean.log if "hidden_grad" in kind]
+        assert asked == ["routed swiglu_backward hidden_grad=False"]
+        assert "routed swiglu_backward hidden_grad=True" in [kind for kind, _ in full.log]
 
 
 def test_each_pass_asks_for_three_barriers():

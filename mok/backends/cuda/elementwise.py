@@ -106,46 +106,39 @@ def swiglu_backward(
     `scale_hidden` appends `scale_rows(hidden, router_weight)` (bit for bit), written in the same
     pass, which reads hidden anyway. gate and up are bf16 [R, I], or both MXFP8 (data, scales)
     pairs as mxfp8_quantize writes them (the forward's saved gate and up; R and I multiples of
-    128), read as their mxfp8_dequantize values: the same bits as on those values.
-    `hidden` None (bf16 gate and up): swiglu(gate, up) recomputed in the pass, the bits the
-    `swiglu` kernel wrote, instead of read. Not `hidden_grad`: d_hidden is None, not written."""
+    128), read as their mxfp8_dequantize values: the same bits as on those values. Not
+    `hidden_grad`: d_hidden is None, not written."""
     mxfp8 = isinstance(gate, tuple)
     if isinstance(up, tuple) != mxfp8:
         raise TypeError("`gate` and `up` must both be tensors or both MXFP8 (data, scales) pairs")
-    if hidden is None and mxfp8:
-        raise ValueError("`hidden` is recomputed from bf16 gate and up only: pass the MXFP8 "
-                         "pass's hidden")  # fmt: skip
     scales = {}
     if mxfp8:
         for name, pair in (("gate", gate), ("up", up)):
             cuda.check_mxfp8_pair(*pair, names=(f"{name}[0] (data)", f"{name}[1] (scales)"))
         (gate, scales["gate_scale"]), (up, scales["up_scale"]) = gate, up
+    inter = hidden.shape[-1] if isinstance(hidden, torch.Tensor) else None
     given = {"hidden": hidden, "gate": gate, "up": up, "d_h": d_h}
-    given = {name: t for name, t in given.items() if t is not None}
-    like = next(iter(given.values()))
-    inter = like.shape[-1] if isinstance(like, torch.Tensor) and like.dim() == 2 else None
     _check_rows({**given, "router_weight": router_weight, "num_tokens": num_tokens}, [inter], "R I")
+    hidden = _bf16(hidden)
     gate, up = (extension.aligned(t) if mxfp8 else _bf16(t) for t in (gate, up))
-    read = {} if hidden is None else {"hidden": _bf16(hidden)}
     names = ("d_gate", "d_up", *(("d_hidden",) if hidden_grad else ()),
              *(("scaled_hidden",) if scale_hidden else ()))  # fmt: skip
-    rows = d_h.shape[0]
-    outputs = {name: d_h.new_empty((rows, inter), dtype=_BF16) for name in names}
-    d_router_weight = torch.empty(rows, dtype=torch.float32, device=d_h.device)
+    outputs = {name: torch.empty_like(hidden) for name in names}
+    d_router_weight = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
     tensors = {
         "d_h": extension.aligned(d_h.float()),
         "router_weight": router_weight.float().contiguous(),
         "gate": gate,
         "up": up,
-        **read,
+        "hidden": hidden,
         **{name: extension.aligned(t) for name, t in scales.items()},
         **outputs,
         "d_router_weight": d_router_weight,
         "num_tokens": num_tokens,
     }
-    absent = {name: 0 for name in ("hidden", "d_hidden") if name not in tensors}
-    _launch("swiglu_backward", tensors, rows=rows, inter=inter, zero_rest=zero_rest,
-            **absent, **_limit(limit))  # fmt: skip
+    unwritten = {} if hidden_grad else {"d_hidden": 0}
+    _launch("swiglu_backward", tensors, rows=hidden.shape[0], inter=hidden.shape[1],
+            zero_rest=zero_rest, **unwritten, **_limit(limit))  # fmt: skip
     scaled = (outputs["scaled_hidden"],) if scale_hidden else ()
     return (d_router_weight, outputs["d_gate"], outputs["d_up"], outputs.get("d_hidden"), *scaled)
 
