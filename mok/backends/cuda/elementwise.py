@@ -19,10 +19,11 @@ def _bf16(t: torch.Tensor) -> torch.Tensor:
     return extension.aligned(t.to(_BF16))
 
 
-def _launch(kernel: str, tensors: dict[str, torch.Tensor], **scalars) -> None:
-    """`kernel` with each tensor passed as its device address."""
+def _launch(kernel: str, tensors: dict[str, torch.Tensor | None], **scalars) -> None:
+    """`kernel` with each tensor passed as its device address (None as 0: an output the kernel
+    skips). The first tensor names the device."""
     device = next(iter(tensors.values())).device
-    addresses = {name: t.data_ptr() for name, t in tensors.items()}
+    addresses = {name: extension.address(t) for name, t in tensors.items()}
     extension.launch(device, kernel, **addresses, **scalars)
 
 
@@ -121,9 +122,8 @@ def swiglu_backward(
     _check_rows({**given, "router_weight": router_weight, "num_tokens": num_tokens}, [inter], "R I")
     hidden = _bf16(hidden)
     gate, up = (extension.aligned(t) if mxfp8 else _bf16(t) for t in (gate, up))
-    names = ("d_gate", "d_up", *(("d_hidden",) if hidden_grad else ()),
-             *(("scaled_hidden",) if scale_hidden else ()))  # fmt: skip
-    outputs = {name: torch.empty_like(hidden) for name in names}
+    wanted = {"d_gate": True, "d_up": True, "d_hidden": hidden_grad, "scaled_hidden": scale_hidden}
+    outputs = {name: torch.empty_like(hidden) if on else None for name, on in wanted.items()}
     d_router_weight = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
     tensors = {
         "d_h": extension.aligned(d_h.float()),
@@ -136,11 +136,10 @@ def swiglu_backward(
         "d_router_weight": d_router_weight,
         "num_tokens": num_tokens,
     }
-    unwritten = {} if hidden_grad else {"d_hidden": 0}
     _launch("swiglu_backward", tensors, rows=hidden.shape[0], inter=hidden.shape[1],
-            zero_rest=zero_rest, **unwritten, **_limit(limit))  # fmt: skip
+            zero_rest=zero_rest, **_limit(limit))  # fmt: skip
     scaled = (outputs["scaled_hidden"],) if scale_hidden else ()
-    return (d_router_weight, outputs["d_gate"], outputs["d_up"], outputs.get("d_hidden"), *scaled)
+    return (d_router_weight, outputs["d_gate"], outputs["d_up"], outputs["d_hidden"], *scaled)
 
 
 def scale_rows(

@@ -63,14 +63,14 @@ def _launch(shared, routed, weights, topk: int, route_rows) -> torch.Tensor:
     extension.launch(
         routed.device,
         "comm_epilogue",
-        shared=0 if shared is None else shared.data_ptr(),
+        shared=extension.address(shared),
         routed=routed.data_ptr(),
-        weights=0 if weights is None else weights.data_ptr(),
+        weights=extension.address(weights),
         out=out.data_ptr(),
         tokens=tokens,
         hidden=hidden,
         topk=topk,
-        route_rows=0 if route_rows is None else route_rows.data_ptr(),
+        route_rows=extension.address(route_rows),
         routed_rows=routed.shape[0],
     )
     return out

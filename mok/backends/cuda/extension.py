@@ -139,6 +139,12 @@ def is_supported(device: torch.device | int | str | None = None) -> bool:
 ALIGNMENT = 16
 
 
+def address(t: torch.Tensor | None) -> int:
+    """`t`'s device address as the kernels take it; 0 for None (an operand or output the
+    kernel goes without)."""
+    return 0 if t is None else t.data_ptr()
+
+
 def aligned(x: torch.Tensor) -> torch.Tensor:
     """`x` contiguous and 16-byte aligned (a contiguous view can start mid-allocation: copy it)."""
     x = x.contiguous()

@@ -89,10 +89,6 @@ def _scratch_bytes(device: torch.device, kind: Kind, groups: int) -> int:
     return int(module.grouped_gemm_scratch_bytes(int(kind), groups, _sm_count(device)))
 
 
-def _address(t: torch.Tensor | None) -> int:
-    return 0 if t is None else t.data_ptr()
-
-
 def _launch(
     kind: Kind,
     sets,
@@ -131,14 +127,14 @@ def _launch(
         device,
         "grouped_gemm",
         kind=int(kind),
-        a=_address(first[0]),
-        b=_address(first[1]),
-        d=_address(first[2]),
-        a2=_address(second[0]),
-        b2=_address(second[1]),
-        d2=_address(second[2]),
+        a=extension.address(first[0]),
+        b=extension.address(first[1]),
+        d=extension.address(first[2]),
+        a2=extension.address(second[0]),
+        b2=extension.address(second[1]),
+        d2=extension.address(second[2]),
         rows=rows.data_ptr(),
-        row_source=_address(row_source),
+        row_source=extension.address(row_source),
         experts=experts,
         n=n,
         k=k,
@@ -146,9 +142,9 @@ def _launch(
         sm_count=_sm_count(device),
         scratch=scratch.data_ptr(),
         scratch_bytes=nbytes,
-        b_scale=_address(b_scales[0] if b_scales else None),
-        b2_scale=_address(b_scales[1] if len(b_scales) > 1 else None),
-        hidden=_address(hidden),
+        b_scale=extension.address(b_scales[0] if b_scales else None),
+        b2_scale=extension.address(b_scales[1] if len(b_scales) > 1 else None),
+        hidden=extension.address(hidden),
         has_limit=limit is not None,
         limit=0.0 if limit is None else float(limit),
         pull=None if pull is None else pull.native,
@@ -163,7 +159,7 @@ def _exponent_arguments(exponents) -> dict:
     return {
         "a_exponent": a_exponent.data_ptr(),
         "b_exponent": b_exponents[0].data_ptr(),
-        "b2_exponent": _address(b_exponents[1] if len(b_exponents) > 1 else None),
+        "b2_exponent": extension.address(b_exponents[1] if len(b_exponents) > 1 else None),
     }
 
 

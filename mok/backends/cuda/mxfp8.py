@@ -105,16 +105,16 @@ def _quantize(x, normal: bool, transposed: bool, rounded: str | None, used_rows,
         x.device,
         "mxfp8_quantize",
         x=x.data_ptr(),
-        out=_address(x_fp8),
-        scale=_address(x_sc),
-        out_t=_address(x_fp8_t),
-        scale_t=_address(x_sc_t),
+        out=_extension.address(x_fp8),
+        scale=_extension.address(x_sc),
+        out_t=_extension.address(x_fp8_t),
+        scale_t=_extension.address(x_sc_t),
         **value_outputs,
-        used_rows=_address(used_rows),
+        used_rows=_extension.address(used_rows),
         experts=experts,
         rows=rows,
         cols=cols,
-        row_scale=_address(row_scale),
+        row_scale=_extension.address(row_scale),
     )
     return x_fp8, x_sc, x_fp8_t, x_sc_t, values
 
@@ -172,7 +172,3 @@ def mxfp8_dequantize(
         experts=data.shape[0] if data.dim() == 3 else 1,
     )
     return out
-
-
-def _address(tensor: torch.Tensor | None) -> int:
-    return 0 if tensor is None else tensor.data_ptr()
