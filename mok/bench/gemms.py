@@ -27,10 +27,12 @@ sources mark). The `_mx_f16` rows give mok's f16 GEMM (M_GROUPED_MXFP8_NT_F16_RO
 rebased (f16_rows.rebase_rows) and the weights prepared (rebase_weight) once, outside the timing,
 as the quantization is.
 
-Each timed call runs the GEMM REPEATS times back to back, for both systems: the GPU queue stays
-fed as in a real step, so the rate is the kernels' and not the host's launch latency (mok's
-launch goes through Python, torch's through C++). The two systems' calls alternate
-(`Timer.measure_interleaved`), so both meet the clock the power cap leaves at that moment. The
+Each timed call runs the GEMM REPEATS times back to back, for both systems, and its start event
+waits behind a sleep kernel while the host enqueues them (`host_ahead`): the time is the kernels'
+(each launch's table fill and GEMM, and the gaps between them), not the host's way to the first
+launch (mok's goes through Python, torch's through C++), which a pass pays once behind other
+work, not per GEMM. The two systems' calls alternate (`Timer.measure_interleaved`), so both meet
+the clock the power cap leaves at that moment. The
 mok columns are absent where the GPU's module has no grouped GEMMs (not sm_90a).
 """
 
@@ -110,7 +112,8 @@ def rates(timer: harness.Timer, rows: torch.Tensor, offs: torch.Tensor, gate_up,
         for name, (flop, torch_fn, mok_fn) in problems.items():
             # With mok's kernels both systems are timed in turns, so they share the clock.
             fns = [repeated(torch_fn), repeated(mok_fn)] if mok else [repeated(torch_fn)]
-            rate = [REPEATS * flop / t.median_ms / 1e9 for t in timer.measure_interleaved(fns)]
+            timings = timer.measure_interleaved(fns, host_ahead=True)
+            rate = [REPEATS * flop / t.median_ms / 1e9 for t in timings]
             out[f"grouped_mm_{name}_tflops"] = rate[0]
             if mok:
                 out[f"mok_gemm_{name}_tflops"] = rate[1]
@@ -212,8 +215,9 @@ def pass_gemms(timer: harness.Timer, rows, offs, gate_up, down, x, shared) -> di
     `rates`) and, with `shared` = (gate_up [2I, H], down [H, I]), the shared expert's on the
     local tokens `x` (torch.mm): forward gate-up and down; backward d_h, d_x and the weight
     gradients (torch: gate and up stacked, as the baseline runs them), harness.flops's FLOPs.
-    No communication, no elementwise work, operands of the right sizes with random values: what the
-    passes' FLOPs cost on this GPU at the clock sustained load gives them, for "torch"
+    No communication, no elementwise work, operands of the right sizes with random values, timed
+    with the host ahead of the GPU (as `rates`): what the passes' FLOPs cost on this GPU at the
+    clock sustained load gives them, for "torch"
     (`_grouped_mm`, the baseline's kernels) and "mok" (mok's grouped GEMMs, where the module has
     them, launched as mok's passes launch them; the shared expert on torch.mm in both).
     """
@@ -256,8 +260,8 @@ def pass_gemms(timer: harness.Timer, rows, offs, gate_up, down, x, shared) -> di
     with torch.no_grad():
         for name, (routed_fwd, routed_bwd) in kernels.items():
             out[name] = {
-                "fwd": timer.measure(lambda f=routed_fwd: (shared_fwd(), f())),
-                "bwd": timer.measure(lambda b=routed_bwd: (shared_bwd(), b())),
+                "fwd": timer.measure(lambda f=routed_fwd: (shared_fwd(), f()), host_ahead=True),
+                "bwd": timer.measure(lambda b=routed_bwd: (shared_bwd(), b()), host_ahead=True),
             }
     return out
 

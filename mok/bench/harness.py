@@ -73,16 +73,27 @@ def setup_distributed(*, cpu: bool, timeout_s: float) -> Dist:
 # ------------------------------------------------------------------------------------ timing
 
 
-def local_ms(fn: Callable[[], object], *, cuda: bool = True) -> float:
+# A sleep kernel of this many cycles (~1 ms at the H100's and H200's clocks) holds the GPU while
+# the host enqueues a call timed `host_ahead`: the host's way to the call's first launch (mok's
+# through Python, torch's through C++) then stays out of the call's time.
+HOST_AHEAD_CYCLES = 2_000_000
+
+
+def local_ms(fn: Callable[[], object], *, cuda: bool = True, host_ahead: bool = False) -> float:
     """This process's ms for one call of fn: CUDA events on the current stream (they bracket
     the GPU work fn enqueues, and any host sync inside fn, like the baseline's split sizes, is
-    part of the measured time, as it should), or the host clock without CUDA. Needs no process
-    group: probes that time one GPU alone use it directly."""
+    part of the measured time, as it should), or the host clock without CUDA. `host_ahead`: the
+    start event waits behind a sleep kernel while the host enqueues fn, so the time is fn's GPU
+    work and the gaps between its kernels, without the host's way to its first launch (for
+    kernels timed alone, which a pass would launch behind other work). Needs no process group:
+    probes that time one GPU alone use it directly."""
     if not cuda:
         start = time.perf_counter()
         fn()
         return (time.perf_counter() - start) * 1e3
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    if host_ahead:
+        torch.cuda._sleep(HOST_AHEAD_CYCLES)
     start.record()
     fn()
     end.record()
@@ -149,35 +160,43 @@ class Timer:
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.d.group)
         return float(t.item())
 
-    def _once(self, fn, setup) -> float:
+    def _once(self, fn, setup, host_ahead: bool = False) -> float:
+        cuda = self.d.cuda
         if setup is None:
-            return self.agree_max(local_ms(fn, cuda=self.d.cuda))
+            return self.agree_max(local_ms(fn, cuda=cuda, host_ahead=host_ahead))
         state = setup()  # untimed: e.g. the forward whose graph the timed backward consumes
-        return self.agree_max(local_ms(lambda: fn(state), cuda=self.d.cuda))
+        return self.agree_max(local_ms(lambda: fn(state), cuda=cuda, host_ahead=host_ahead))
 
-    def measure(self, fn: Callable, setup: Callable | None = None) -> Timing:
-        """Warm up (at least once, until warmup_s), then iterate until budget_s or max_iters."""
-        return self._iterate([fn], setup)[0]
+    def measure(
+        self, fn: Callable, setup: Callable | None = None, *, host_ahead: bool = False
+    ) -> Timing:
+        """Warm up (at least once, until warmup_s), then iterate until budget_s or max_iters.
+        `host_ahead`: as local_ms's, the GPU's time without the host's way to the first launch."""
+        return self._iterate([fn], setup, host_ahead)[0]
 
-    def measure_interleaved(self, fns: Sequence[Callable]) -> list[Timing]:
+    def measure_interleaved(
+        self, fns: Sequence[Callable], *, host_ahead: bool = False
+    ) -> list[Timing]:
         """measure() of each of fns, taken in turns, one iteration of each a round, so every fn
         meets the clock the others meet: under the power cap it drifts by several % over the
         seconds between two measure() calls, which moved the ratio of two GEMMs' rates by up
         to ±4% from round to round on 1x H200 (±1% in turns). budget_s is their total; no
         power record (its samples and energy are the fns' together)."""
-        return self._iterate(list(fns), None)
+        return self._iterate(list(fns), None, host_ahead)
 
-    def _iterate(self, fns: list[Callable], setup: Callable | None) -> list[Timing]:
+    def _iterate(
+        self, fns: list[Callable], setup: Callable | None, host_ahead: bool = False
+    ) -> list[Timing]:
         warm, spent = 0, 0.0
         while warm == 0 or (spent < self.warmup_s * 1e3 and warm < 5):
-            spent += sum(self._once(fn, setup) for fn in fns)
+            spent += sum(self._once(fn, setup, host_ahead) for fn in fns)
             warm += 1
         times: list[list[float]] = [[] for _ in fns]
         total = 0.0
         with power.Sampler(self.d.device if self.d.cuda else None) as sampler:
             while not times[0] or (len(times[0]) < self.max_iters and total < self.budget_s * 1e3):
                 for fn, series in zip(fns, times, strict=True):
-                    series.append(self._once(fn, setup))
+                    series.append(self._once(fn, setup, host_ahead))
                     total += series[-1]
         watts = None
         if len(fns) == 1:

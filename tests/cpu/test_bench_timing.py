@@ -46,3 +46,34 @@ def test_timeline_counts_overlapping_kernels_once_and_the_host_waits_apart():
     first, idle, busy = harness.timeline_ms(spans)
     assert (first, idle, busy) == pytest.approx((0.020, 0.010, 0.110))
     assert harness.timeline_ms([(0.0, 10.0)]) == (0.0, 0.0, 0.0)  # the call launched nothing
+
+
+def test_host_ahead_puts_a_sleep_kernel_before_the_start_event(monkeypatch):
+    """local_ms(host_ahead=True) enqueues the sleep before the start event and the call after
+    it, so the host's way to the first launch is not timed; without it, no sleep."""
+    import torch
+
+    harness = load("harness")
+    order, made = [], []
+
+    class Event:
+        def __init__(self, enable_timing: bool) -> None:
+            self.name = "end" if made else "start"
+            made.append(self)
+
+        def record(self) -> None:
+            order.append(f"record {self.name}")
+
+        def synchronize(self) -> None:
+            pass
+
+        def elapsed_time(self, end) -> float:
+            return 1.5
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: order.append(f"sleep {cycles}"))
+    assert harness.local_ms(lambda: order.append("call"), host_ahead=True) == 1.5
+    assert order == [f"sleep {harness.HOST_AHEAD_CYCLES}", "record start", "call", "record end"]
+    order.clear(), made.clear()
+    harness.local_ms(lambda: order.append("call"))
+    assert order == ["record start", "call", "record end"]
