@@ -19,6 +19,8 @@ def load(name: str):
     script = BENCHMARKS / f"{name}.py"
     if not script.exists():
         return importlib.import_module(f"mok.bench.{name}")
+    if str(BENCHMARKS) not in sys.path:  # a script imports its siblings, as run from there
+        sys.path.append(str(BENCHMARKS))
     spec = importlib.util.spec_from_file_location(f"mok_bench_{name}", script)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the class is built

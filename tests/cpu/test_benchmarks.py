@@ -339,15 +339,30 @@ def test_probe_gemm_problems_arguments_and_gpu_requirement(capsys):
         with pytest.raises(SystemExit):
             probe.parse_args(bad)
         assert message in capsys.readouterr().err
+    _refused_without_gpu("probe_gemm", base)
+
+
+def _refused_without_gpu(script: str, argv: list[str]) -> None:
+    """The lab script, run with no GPU visible, exits 2 saying it needs one."""
     done = subprocess.run(
-        [sys.executable, str(BENCHMARKS / "probe_gemm.py"), *base],
+        [sys.executable, str(BENCHMARKS / f"{script}.py"), *argv],
         env=_child_env() | {"CUDA_VISIBLE_DEVICES": ""},
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert done.returncode == 2
-    assert done.stderr.strip() == "probe_gemm: needs a CUDA GPU (none visible)"
+    assert done.stderr.strip() == f"{script}: needs a CUDA GPU (none visible)"
+
+
+def test_probe_launch_arguments_and_gpu_requirement(capsys):
+    probe = _load("probe_launch")
+    args = probe.parse_args(["--shape", "qwen3.5", "--gemm", "gate"])
+    assert (args.shape, args.gemm, args.system) == ("qwen3.5", "gate", "bf16_nt")
+    with pytest.raises(SystemExit):
+        probe.parse_args(["--shape", "qwen3.5", "--gemm", "gate", "--system", "torch"])
+    assert "invalid choice: 'torch'" in capsys.readouterr().err
+    _refused_without_gpu("probe_launch", ["--shape", "qwen3.5", "--gemm", "down"])
 
 
 def test_gpu_only_systems_stay_out_of_the_smoke_run(single_rank_group):
