@@ -74,6 +74,7 @@ def test_host_ahead_puts_a_sleep_kernel_before_the_start_event(monkeypatch):
     monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: order.append(f"sleep {cycles}"))
     assert harness.local_ms(lambda: order.append("call"), host_ahead=True) == 1.5
     assert order == [f"sleep {harness.HOST_AHEAD_CYCLES}", "record start", "call", "record end"]
-    order.clear(), made.clear()
+    order.clear()
+    made.clear()
     harness.local_ms(lambda: order.append("call"))
     assert order == ["record start", "call", "record end"]
